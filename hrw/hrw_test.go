@@ -1,0 +1,142 @@
+package hrw
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math"
+	"math/bits"
+	"net/netip"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+func TestBucketHashIsXXH64(t *testing.T) {
+	for _, seed := range []uint64{0, 1, 0xdeadbeefcafebabe} {
+		for _, j := range []uint32{0, 1, 255, 4095, Buckets - 1, 0x01020304} {
+			for _, o := range []uint8{0, 1, 7, 254} {
+				var b [5]byte
+				binary.BigEndian.PutUint32(b[:], j)
+				b[4] = o
+				d := xxhash.NewWithSeed(seed)
+				d.Write(b[:])
+				if got, want := finish(bucketPrefix(seed, j), uint64(o)*prime5), d.Sum64(); got != want {
+					t.Fatalf("seed %x bucket %d ord %d: %#x, want %#x", seed, j, o, got, want)
+				}
+			}
+		}
+	}
+}
+
+func TestNegLogAccuracy(t *testing.T) {
+	check := func(h uint64) {
+		m := h | 1
+		z := bits.LeadingZeros64(m)
+		y := float64(-(m << z)) / (1 << 64) // u = 2^-z · (1-y)
+		want := float64(z)*math.Ln2 - math.Log1p(-y)
+		got := float64(negLog(h)) / (1 << 57)
+		// Relative error 1e-6, or the fixed-point resolution 2^-57 where
+		// y < 2^-37 (probability 2^-37).
+		rel := math.Abs(got-want) / want
+		if rel > 1e-6 && math.Abs(got-want) > 0x1p-56 {
+			t.Fatalf("negLog(%#x) = %v, want %v (rel %g)", h, got, want, rel)
+		}
+		if lower(h) > negLog(h) {
+			t.Fatalf("lower(%#x) = %d > negLog = %d", h, lower(h), negLog(h))
+		}
+	}
+	for _, h := range []uint64{0, 1, 2, 3, 1 << 62, 1<<63 - 1, 1 << 63, 1<<63 + 1, math.MaxUint64, math.MaxUint64 - 1<<20} {
+		check(h)
+	}
+	x := uint64(0x9e3779b97f4a7c15)
+	for range 200000 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		check(x)
+		check(x >> (x & 63))
+		check(^(x >> (x & 63)))
+	}
+}
+
+func TestPickBasics(t *testing.T) {
+	tb, err := New(1, nil)
+	must(t, err)
+	_, ok := tb.Pick([]byte("x"))
+	if ok {
+		t.Fatal("ok on empty table")
+	}
+	tb, err = New(1, []Candidate{{3, 0}, {4, 0}})
+	must(t, err)
+	_, ok = tb.Pick([]byte("x"))
+	if ok {
+		t.Fatal("ok on empty table")
+	}
+	if tb.Len() != 0 {
+		t.Fatalf("Len = %d", tb.Len())
+	}
+	var nilT *Table
+	_, ok = nilT.Pick(nil)
+	if ok {
+		t.Fatal("ok on empty table")
+	}
+
+	tb, err = New(1, []Candidate{{9, 5}, {3, 0}})
+	must(t, err)
+	if tb.Len() != 1 {
+		t.Fatalf("Len = %d", tb.Len())
+	}
+	o, ok := tb.Pick([]byte("x"))
+	if !ok || o != 9 {
+		t.Fatalf("Pick = %d, %v; want 9, true", o, ok)
+	}
+
+	_, err = New(1, []Candidate{{255, 1}})
+	if !errors.Is(err, ErrReservedOrdinal) {
+		t.Fatalf("err = %v, want ErrReservedOrdinal", err)
+	}
+	_, err = New(1, []Candidate{{1, 1}, {2, 1}, {1, 0}})
+	if !errors.Is(err, ErrDuplicateOrdinal) {
+		t.Fatalf("err = %v, want ErrDuplicateOrdinal", err)
+	}
+	_, err = New(1, make([]Candidate, 256))
+	if !errors.Is(err, ErrTooManyCandidates) {
+		t.Fatalf("err = %v, want ErrTooManyCandidates", err)
+	}
+}
+
+func TestAppendAddr(t *testing.T) {
+	got := AppendAddr([]byte{0xaa}, netip.MustParseAddrPort("192.0.2.1:5684"))
+	if want := []byte{0xaa, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 1, 0x16, 0x34}; !bytes.Equal(got, want) {
+		t.Fatalf("got % x, want % x", got, want)
+	}
+	got = AppendAddr(nil, netip.MustParseAddrPort("[2001:db8::1%eth0]:443"))
+	if want := []byte{0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0x01, 0xbb}; !bytes.Equal(got, want) {
+		t.Fatalf("got % x, want % x", got, want)
+	}
+	if got := AppendAddr(nil, netip.AddrPort{}); !bytes.Equal(got, make([]byte, AddrLen)) {
+		t.Fatalf("zero AddrPort: % x", got)
+	}
+}
+
+func TestNoAllocs(t *testing.T) {
+	tb, err := New(7, []Candidate{{0, 1}, {1, 2}, {2, 3}})
+	must(t, err)
+	key := []byte("0123456789abcdef0123456789abcdef0123")
+	c := netip.MustParseAddrPort("198.51.100.7:40000")
+	s := netip.MustParseAddrPort("[2001:db8::5]:5684")
+	if n := testing.AllocsPerRun(100, func() { tb.Pick(key) }); n != 0 {
+		t.Fatalf("Pick allocs = %v", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { tb.PickAddrs(c, s) }); n != 0 {
+		t.Fatalf("PickAddrs allocs = %v", n)
+	}
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
