@@ -1,0 +1,174 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// Errors wrapped by [Validate], [Registry.Update] and [DecodeBackends].
+// Test for them with errors.Is.
+var (
+	ErrReservedOrdinal  = errors.New("registry: ordinal 255 is reserved")
+	ErrInvalidOrdinal   = errors.New("registry: ordinal out of range 0-254")
+	ErrDuplicateOrdinal = errors.New("registry: duplicate ordinal")
+	ErrDuplicateAddr    = errors.New("registry: duplicate address")
+	ErrInvalidAddr      = errors.New("registry: invalid address")
+	ErrUnspecifiedAddr  = errors.New("registry: unspecified address")
+	ErrZeroPort         = errors.New("registry: zero port")
+	ErrZeroWeight       = errors.New("registry: zero weight")
+	ErrInvalidState     = errors.New("registry: invalid state")
+	ErrDecode           = errors.New("registry: bad backend list")
+)
+
+// MaxOrdinal is the highest ordinal a backend may have; 255 is reserved.
+const MaxOrdinal = 254
+
+// State is a backend's readiness.
+type State uint8
+
+const (
+	// Ready backends take new sessions and serve established ones. It is
+	// the zero value.
+	Ready State = iota
+	// Draining backends serve their established sessions but take no new
+	// ones (Kubernetes: serving and terminating).
+	Draining
+	// Gone backends serve nothing: datagrams for their CIDs are dropped.
+	Gone
+)
+
+var stateNames = [...]string{Ready: "ready", Draining: "draining", Gone: "gone"}
+
+// String returns "ready", "draining" or "gone" (or "State(n)" for an invalid
+// value).
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Serving reports whether a backend in this state still serves established
+// sessions (ready or draining).
+func (s State) Serving() bool { return s == Ready || s == Draining }
+
+// ParseState parses "ready", "draining" or "gone" (exactly, lower case).
+func ParseState(s string) (State, error) {
+	for i, n := range stateNames {
+		if s == n {
+			return State(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: %q", ErrInvalidState, s)
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s State) MarshalText() ([]byte, error) {
+	if int(s) >= len(stateNames) {
+		return nil, fmt.Errorf("%w: %d", ErrInvalidState, uint8(s))
+	}
+	return []byte(stateNames[s]), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *State) UnmarshalText(b []byte) error {
+	v, err := ParseState(string(b))
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// Backend is one server of a service.
+type Backend struct {
+	// Ordinal is the value the backend writes into its connection IDs,
+	// 0–254 (a StatefulSet pod's index).
+	Ordinal uint8
+	// Addr is where the proxy sends the backend's datagrams, and the
+	// physical source its replies must come from. An IPv4-mapped IPv6
+	// address is stored in its IPv4 form.
+	Addr netip.AddrPort
+	// Weight is the backend's relative share of new sessions. 0 means 1,
+	// so a zero Backend literal gets the default; a snapshot always holds
+	// the effective weight.
+	Weight uint32
+	// State is Ready (the zero value), Draining or Gone.
+	State State
+}
+
+// normalize returns b with the defaults applied: weight 0 → 1 and an
+// IPv4-mapped address unmapped, so that ::ffff:10.0.0.1 and 10.0.0.1 are the
+// same backend whichever socket family measured the sender.
+func (b Backend) normalize() Backend {
+	if b.Weight == 0 {
+		b.Weight = 1
+	}
+	if b.Addr.Addr().Is4In6() {
+		b.Addr = netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port())
+	}
+	return b
+}
+
+// check validates one backend on its own.
+func (b Backend) check() error {
+	a := b.Addr.Addr()
+	switch {
+	case b.Ordinal > MaxOrdinal:
+		return ErrReservedOrdinal
+	case !a.IsValid():
+		return ErrInvalidAddr
+	case a.IsUnspecified():
+		return ErrUnspecifiedAddr
+	case a.IsMulticast() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return fmt.Errorf("%w: not unicast", ErrInvalidAddr)
+	case b.Addr.Port() == 0:
+		return ErrZeroPort
+	case b.State > Gone:
+		return fmt.Errorf("%w: %d", ErrInvalidState, uint8(b.State))
+	}
+	return nil
+}
+
+// Validate checks a whole backend list the way [Registry.Update] does: every
+// backend needs an ordinal 0–254, a valid unicast address that is not
+// unspecified, a non-zero port and a known state; no two backends may share
+// an ordinal or an address (IPv4-mapped addresses count as IPv4), whatever
+// their states. The error wraps one of the Err* sentinels and names the
+// offending entry.
+func Validate(bs []Backend) error {
+	_, err := validate(bs)
+	return err
+}
+
+// validate checks bs and returns a normalized copy.
+func validate(bs []Backend) ([]Backend, error) {
+	out := make([]Backend, len(bs))
+	var ords [256]int // index+1 of the backend holding each ordinal
+	addrs := make(map[netip.AddrPort]int, len(bs))
+	for i, b := range bs {
+		b = b.normalize()
+		if err := b.check(); err != nil {
+			return nil, entryError(i, b, err)
+		}
+		if j := ords[b.Ordinal]; j != 0 {
+			return nil, fmt.Errorf("%s: %w with backends[%d]", entryName(i, b), ErrDuplicateOrdinal, j-1)
+		}
+		ords[b.Ordinal] = i + 1
+		if j, ok := addrs[b.Addr]; ok {
+			return nil, fmt.Errorf("%s: %w with backends[%d]", entryName(i, b), ErrDuplicateAddr, j)
+		}
+		addrs[b.Addr] = i
+		out[i] = b
+	}
+	return out, nil
+}
+
+func entryName(i int, b Backend) string {
+	return fmt.Sprintf("backends[%d] (ordinal %d, %v)", i, b.Ordinal, b.Addr)
+}
+
+func entryError(i int, b Backend, err error) error {
+	return fmt.Errorf("%s: %w", entryName(i, b), err)
+}

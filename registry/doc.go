@@ -1,0 +1,37 @@
+// Package registry keeps the backends of one service as immutable snapshots
+// that packet workers read without locks.
+//
+// A [Registry] holds the current [Snapshot] behind an atomic pointer. A
+// source (a [Static] list, a JSON [File], or anything implementing [Source],
+// such as a Kubernetes, Consul or DNS watcher) calls [Registry.Update] with
+// the whole backend list; the registry validates it, builds a new snapshot
+// (including the HRW table over the ready backends) and publishes it in one
+// atomic store. An invalid list is rejected whole with an error wrapping one
+// of the Err* sentinels, and the previous snapshot stays.
+//
+// A snapshot answers the per-datagram questions without allocating:
+// [Snapshot.Serving] (the backend a CID's ordinal names, if it is ready or
+// draining), [Snapshot.PickNew] (rendezvous hashing over ready backends, for
+// new sessions) and [Snapshot.IsBackend] (whether a reply's physical sender
+// is a backend of the service).
+//
+// # States
+//
+// A backend is [Ready] (takes new sessions), [Draining] (serves its
+// established sessions but takes no new ones, Kubernetes' "serving and
+// terminating") or [Gone] (serves nothing; datagrams for its CIDs are
+// dropped, never re-hashed onto another backend).
+//
+// # Freshness
+//
+// With [Config.MaxAge] set, a registry whose source has not called Update or
+// Confirm for longer than MaxAge turns stale: [Registry.Stale] reports true,
+// and the caller refuses new handshakes while established (CID) sessions keep
+// flowing, because a stale view may still send new sessions to backends
+// that no longer exist, while the owner of a CID is written in the CID
+// itself. The flag is flipped by a timer, so Stale is one atomic load and the
+// packet path reads no clock. The next Update or Confirm clears it.
+//
+// Each service has its own Registry; nothing is shared between them, so a
+// failing or stale source of one service never affects another.
+package registry

@@ -1,0 +1,163 @@
+package registry
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+)
+
+// ErrFileTooLarge reports a backend file over 1 MiB (255 backends take a few
+// tens of kilobytes).
+var ErrFileTooLarge = errors.New("registry: backend file larger than 1 MiB")
+
+const maxFileSize = 1 << 20
+
+// File is a Source that reads a JSON backend list (the format of
+// DecodeBackends) from Path. It reads the file when Run starts, then every
+// Interval and on Reload. A file whose bytes changed is decoded and passed
+// to Update; an unchanged file that was accepted is confirmed. The file is
+// small, so it is read and compared whole each time rather than trusted to
+// a coarse mtime.
+//
+// A file that cannot be read, decoded or validated leaves the previous
+// backends in place and is logged once per change of the file (or of the
+// read error), not on every poll; a Reload logs it again. Such a file is not
+// a confirmation: if it stays bad past the registry's MaxAge, the registry
+// turns stale, as it should when the source of truth is unreadable.
+//
+// Replace the file atomically (write a temporary file, then rename it over
+// Path) so that a poll never reads half of it; a half-written file is only
+// logged and retried, though.
+//
+// The fields must not change once Run has started, and a File runs at most
+// once at a time. Reload is safe to call from any goroutine.
+type File struct {
+	Path     string
+	Interval time.Duration // polling period; 0 means 1s
+	Logger   *slog.Logger  // nil means slog.Default()
+
+	once   sync.Once
+	reload chan struct{}
+
+	afterPoll func() // tests: called after every poll
+}
+
+func (f *File) init() { f.once.Do(func() { f.reload = make(chan struct{}, 1) }) }
+
+// Reload asks a running (or the next) Run to read the file now, even if its
+// bytes have not changed, and to log a failure again. It does not wait.
+// Wire it to SIGHUP.
+func (f *File) Reload() {
+	f.init()
+	select {
+	case f.reload <- struct{}{}:
+	default: // a reload is already pending
+	}
+}
+
+// Run implements Source. It returns nil when ctx is done, and an error only
+// for a missing Path or a nil Updater; file errors are logged and retried.
+func (f *File) Run(ctx context.Context, u Updater) error {
+	if u == nil {
+		return errNilUpdater
+	}
+	if f.Path == "" {
+		return errors.New("registry: File source without a Path")
+	}
+	f.init()
+	interval := f.Interval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	log := f.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	st := filePoller{path: f.Path, u: u, log: log.With("path", f.Path)}
+	st.poll(false)
+	f.polled()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			st.poll(false)
+		case <-f.reload:
+			st.poll(true)
+		}
+		f.polled()
+	}
+}
+
+func (f *File) polled() {
+	if f.afterPoll != nil {
+		f.afterPoll()
+	}
+}
+
+// filePoller is the state of one File.Run.
+type filePoller struct {
+	path string
+	u    Updater
+	log  *slog.Logger
+
+	last     []byte // the last bytes read
+	haveLast bool
+	lastOK   bool   // whether last was accepted
+	readErr  string // the last read error logged, "" after a good read
+}
+
+func (p *filePoller) poll(forced bool) {
+	data, err := readFile(p.path)
+	if err != nil {
+		// Keep last: a file that briefly vanishes and comes back unchanged
+		// is confirmed, not republished.
+		if msg := err.Error(); forced || msg != p.readErr {
+			p.readErr = msg
+			p.log.Error("cannot read backend file; keeping the previous backends", "err", err)
+		}
+		return
+	}
+	p.readErr = ""
+	if !forced && p.haveLast && bytes.Equal(data, p.last) {
+		if p.lastOK {
+			p.u.Confirm()
+		}
+		return
+	}
+	p.last, p.haveLast = data, true
+	bs, err := DecodeBackends(bytes.NewReader(data))
+	if err == nil {
+		err = p.u.Update(bs)
+	}
+	p.lastOK = err == nil
+	if err != nil {
+		p.log.Error("bad backend file; keeping the previous backends", "err", err)
+		return
+	}
+	p.log.Info("backend file loaded", "backends", len(bs))
+}
+
+func readFile(path string) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	data, err := io.ReadAll(io.LimitReader(fh, maxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("%s: %w", path, ErrFileTooLarge)
+	}
+	return data, nil
+}

@@ -1,0 +1,209 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Config configures a Registry. The zero value is valid: no name, seed 0,
+// freshness off, slog.Default().
+type Config struct {
+	// Service names the service in logs and errors.
+	Service string
+	// Seed is the HRW seed. Every proxy replica of the service must use
+	// the same one, or replicas choose different backends for new sessions.
+	Seed uint64
+	// MaxAge is the freshness limit: when the source has not called Update
+	// or Confirm for longer, the registry is stale. 0 turns freshness off.
+	MaxAge time.Duration
+	// Logger receives the stale and recovered transitions. nil means
+	// slog.Default().
+	Logger *slog.Logger
+
+	now func() time.Time // tests inject a fake clock
+}
+
+// Registry holds the current Snapshot of one service's backends. Its methods
+// are safe for concurrent use; Snapshot and Stale are a single atomic load
+// each, for the packet path.
+type Registry struct {
+	cfg Config
+	log *slog.Logger
+	now func() time.Time
+
+	cur   atomic.Pointer[Snapshot]
+	stale atomic.Bool
+
+	updates       atomic.Uint64
+	rejections    atomic.Uint64
+	confirmations atomic.Uint64
+
+	mu        sync.Mutex // serializes publishing and the freshness state below
+	confirmed time.Time  // last Update or Confirm
+	timer     *time.Timer
+	closed    bool
+}
+
+var _ Updater = (*Registry)(nil)
+
+// New returns a registry holding an empty snapshot (version 0). With
+// cfg.MaxAge set, the freshness clock starts now: a source must Update or
+// Confirm within MaxAge. Call Close to stop the freshness timer.
+func New(cfg Config) (*Registry, error) {
+	if cfg.MaxAge < 0 {
+		return nil, fmt.Errorf("registry %q: negative MaxAge %v", cfg.Service, cfg.MaxAge)
+	}
+	r := &Registry{cfg: cfg, log: cfg.Logger, now: cfg.now}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	r.log = r.log.With("service", cfg.Service)
+	if r.now == nil {
+		r.now = time.Now
+	}
+	empty, err := newSnapshot(0, cfg.Seed, nil)
+	if err != nil {
+		return nil, err
+	}
+	r.cur.Store(empty)
+	r.confirmed = r.now()
+	if cfg.MaxAge > 0 {
+		r.timer = time.AfterFunc(cfg.MaxAge, r.checkFreshness)
+	}
+	return r, nil
+}
+
+// Snapshot returns the current snapshot; never nil. Hold on to it for the
+// whole handling of one datagram (or batch) so that every answer comes from
+// the same view.
+func (r *Registry) Snapshot() *Snapshot { return r.cur.Load() }
+
+// Stale reports whether the source has failed to confirm the snapshot within
+// MaxAge; always false with freshness off. It is one atomic load: callers
+// check it for new-session datagrams only and refuse them while it is true;
+// established (CID) sessions are routed regardless.
+func (r *Registry) Stale() bool { return r.stale.Load() }
+
+// MaxAge returns the configured freshness limit (0 = off). Sources that
+// have nothing new to say use it to pace their confirmations.
+func (r *Registry) MaxAge() time.Duration { return r.cfg.MaxAge }
+
+// Update validates bs as a whole (see Validate), builds a snapshot from it
+// and publishes it atomically; the registry keeps no reference to bs. An
+// accepted update also counts as a confirmation. A rejected one changes
+// nothing, neither the snapshot nor the freshness clock, counts a
+// rejection and returns an error wrapping one of the Err* sentinels.
+func (r *Registry) Update(bs []Backend) error {
+	norm, err := validate(bs)
+	if err != nil {
+		r.rejections.Add(1)
+		return fmt.Errorf("registry %q: %w", r.cfg.Service, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, err := newSnapshot(r.cur.Load().version+1, r.cfg.Seed, norm)
+	if err != nil {
+		r.rejections.Add(1)
+		return fmt.Errorf("registry %q: %w", r.cfg.Service, err)
+	}
+	r.cur.Store(s)
+	r.updates.Add(1)
+	r.confirmLocked()
+	return nil
+}
+
+// Confirm tells the registry that its source still stands by the current
+// snapshot. It refreshes the freshness clock and clears the stale flag.
+func (r *Registry) Confirm() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.confirmations.Add(1)
+	r.confirmLocked()
+}
+
+func (r *Registry) confirmLocked() {
+	r.confirmed = r.now()
+	if r.stale.Load() {
+		r.stale.Store(false)
+		r.log.Info("registry fresh again", "version", r.cur.Load().version)
+		// The timer stopped when the registry went stale; restart it.
+		if !r.closed && r.timer != nil {
+			r.timer.Reset(r.cfg.MaxAge)
+		}
+	}
+}
+
+// checkFreshness runs on the timer: it marks the registry stale when the
+// last confirmation is MaxAge old, and otherwise rearms itself for the
+// moment it will be. While stale the timer stays stopped; the next
+// confirmation restarts it.
+func (r *Registry) checkFreshness() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.stale.Load() {
+		return
+	}
+	age := r.now().Sub(r.confirmed)
+	if age < r.cfg.MaxAge {
+		r.timer.Reset(r.cfg.MaxAge - age)
+		return
+	}
+	r.stale.Store(true)
+	r.log.Warn("registry stale: refusing new sessions until the source confirms",
+		"age", age, "max_age", r.cfg.MaxAge, "version", r.cur.Load().version)
+}
+
+// Close stops the freshness timer; Stale keeps its last value. Updates and
+// lookups keep working. Close is idempotent; once it returns, the timer does
+// nothing more.
+func (r *Registry) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+}
+
+// Stats is a point-in-time summary of a registry.
+type Stats struct {
+	Service string
+	// Version of the current snapshot.
+	Version uint64
+	// Updates accepted, updates rejected, and Confirm calls.
+	Updates, Rejections, Confirmations uint64
+	// LastConfirmed is the time of the last accepted Update or Confirm (or
+	// of New); Age is how long ago that was.
+	LastConfirmed time.Time
+	Age           time.Duration
+	Stale         bool
+	// Backends of the current snapshot by state.
+	Ready, Draining, Gone int
+}
+
+// Stats returns the registry's counters and the current snapshot's shape.
+func (r *Registry) Stats() Stats {
+	r.mu.Lock()
+	confirmed := r.confirmed
+	r.mu.Unlock()
+	s := r.cur.Load()
+	return Stats{
+		Service:       r.cfg.Service,
+		Version:       s.version,
+		Updates:       r.updates.Load(),
+		Rejections:    r.rejections.Load(),
+		Confirmations: r.confirmations.Load(),
+		LastConfirmed: confirmed,
+		Age:           r.now().Sub(confirmed),
+		Stale:         r.stale.Load(),
+		Ready:         s.counts[Ready],
+		Draining:      s.counts[Draining],
+		Gone:          s.counts[Gone],
+	}
+}
+
+var errNilUpdater = errors.New("registry: nil Updater")

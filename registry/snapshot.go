@@ -1,0 +1,145 @@
+package registry
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/cidroute/cidroute/hrw"
+)
+
+// noIndex marks an ordinal without a backend in Snapshot.byOrd.
+const noIndex = 0xff
+
+// A Snapshot is one published view of a service's backends. It is immutable
+// and safe for concurrent use; every method is O(1) and allocates nothing.
+// The *Backend values it returns point into the snapshot and must not be
+// modified.
+type Snapshot struct {
+	version uint64
+	list    []Backend     // sorted by ordinal, normalized
+	byOrd   [256]uint8    // ordinal → index into list, noIndex if absent
+	pick    *hrw.Table    // over the ready backends; nil when there are none
+	addrs   addrTable     // serving backends by address
+	counts  [Gone + 1]int // backends by state
+}
+
+// newSnapshot builds a snapshot from a validated, normalized list; it takes
+// ownership of bs.
+func newSnapshot(version, seed uint64, bs []Backend) (*Snapshot, error) {
+	slices.SortFunc(bs, func(a, b Backend) int { return int(a.Ordinal) - int(b.Ordinal) })
+	s := &Snapshot{version: version, list: bs}
+	for i := range s.byOrd {
+		s.byOrd[i] = noIndex
+	}
+	var cands []hrw.Candidate
+	serving := 0
+	for i, b := range bs {
+		s.byOrd[b.Ordinal] = uint8(i)
+		s.counts[b.State]++
+		if b.State.Serving() {
+			serving++
+		}
+		if b.State == Ready {
+			cands = append(cands, hrw.Candidate{Ordinal: b.Ordinal, Weight: b.Weight})
+		}
+	}
+	if len(cands) > 0 {
+		t, err := hrw.New(seed, cands)
+		if err != nil {
+			return nil, fmt.Errorf("building the hrw table: %w", err)
+		}
+		s.pick = t
+	}
+	s.addrs = newAddrTable(bs, serving)
+	return s, nil
+}
+
+// Version counts the snapshots the registry has published: 0 is the empty
+// snapshot a new registry starts with, and every accepted Update adds one.
+func (s *Snapshot) Version() uint64 { return s.version }
+
+// Backends returns all backends of the snapshot, gone ones included, sorted
+// by ordinal. The slice is the snapshot's own: read it, never modify it
+// (slices.Clone it to get a copy).
+func (s *Snapshot) Backends() []Backend { return s.list[:len(s.list):len(s.list)] }
+
+// Len returns the number of backends in the snapshot, in any state.
+func (s *Snapshot) Len() int { return len(s.list) }
+
+// Count returns the number of backends in state st.
+func (s *Snapshot) Count(st State) int {
+	if st > Gone {
+		return 0
+	}
+	return s.counts[st]
+}
+
+// Backend returns the backend with the given ordinal in any state; ok is
+// false when the snapshot has none (always for 255).
+func (s *Snapshot) Backend(ordinal uint8) (b *Backend, ok bool) {
+	i := s.byOrd[ordinal]
+	if i == noIndex {
+		return nil, false
+	}
+	return &s.list[i], true
+}
+
+// Serving returns the backend with the given ordinal if it serves
+// established sessions (ready or draining). This is the lookup for a
+// datagram whose CID names its backend: when ok is false the datagram is
+// dropped, never re-hashed.
+func (s *Snapshot) Serving(ordinal uint8) (b *Backend, ok bool) {
+	i := s.byOrd[ordinal]
+	if i == noIndex {
+		return nil, false
+	}
+	b = &s.list[i]
+	return b, b.State != Gone
+}
+
+// PickNew chooses the backend for a new session by weighted rendezvous
+// hashing of key over the ready backends (see package hrw for the key
+// format). ok is false when no backend is ready.
+func (s *Snapshot) PickNew(key []byte) (b *Backend, ok bool) {
+	if s.pick == nil {
+		return nil, false
+	}
+	o, ok := s.pick.Pick(key)
+	if !ok {
+		return nil, false
+	}
+	return s.Backend(o)
+}
+
+// PickNewAddrs is PickNew with the key made of the client and service
+// addresses (hrw.Table.PickAddrs), for DTLS datagrams without a CID.
+func (s *Snapshot) PickNewAddrs(client, service netip.AddrPort) (b *Backend, ok bool) {
+	if s.pick == nil {
+		return nil, false
+	}
+	o, ok := s.pick.PickAddrs(client, service)
+	if !ok {
+		return nil, false
+	}
+	return s.Backend(o)
+}
+
+// IsBackend reports whether addr, the physical sender of a reply, is a ready
+// or draining backend of the service: a draining backend still answers its
+// established sessions. A gone backend is not one, because its address may
+// already belong to something else. IPv4-mapped addresses match their IPv4
+// form.
+func (s *Snapshot) IsBackend(addr netip.AddrPort) bool {
+	return s.addrs.find(s.list, addr) != noIndex
+}
+
+// BackendByAddr returns the ready or draining backend at addr, under the
+// same rules as IsBackend.
+func (s *Snapshot) BackendByAddr(addr netip.AddrPort) (b *Backend, ok bool) {
+	i := s.addrs.find(s.list, addr)
+	if i == noIndex {
+		return nil, false
+	}
+	return &s.list[i], true
+}

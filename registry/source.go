@@ -1,0 +1,76 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Updater receives a source's view of the backends. *Registry implements
+// it; wrappers (to fan out, or to log) may too.
+type Updater interface {
+	// Update replaces the whole backend list. It validates and copies bs;
+	// an error leaves the previous list in place.
+	Update(bs []Backend) error
+	// Confirm says the source still stands by the current list.
+	Confirm()
+}
+
+// A Source discovers a service's backends and reports them to an Updater.
+// Run calls u.Update with the whole list whenever it changes and u.Confirm
+// whenever it has checked that nothing changed, so that a registry with a
+// freshness limit stays fresh exactly as long as the source is alive and
+// in touch with its origin. Run returns when ctx is done (with nil), or
+// earlier with an error if it cannot work at all. Implement it to plug in
+// Consul, etcd, DNS or anything else.
+type Source interface {
+	Run(ctx context.Context, u Updater) error
+}
+
+// SourceFunc adapts a function to a Source.
+type SourceFunc func(ctx context.Context, u Updater) error
+
+// Run calls f(ctx, u).
+func (f SourceFunc) Run(ctx context.Context, u Updater) error { return f(ctx, u) }
+
+var (
+	_ Source = SourceFunc(nil)
+	_ Source = Static(nil)
+	_ Source = (*File)(nil)
+)
+
+// Static is a fixed backend list, from configuration. Run publishes it once
+// (returning the validation error if it is invalid) and then confirms it
+// until ctx is done, because a fixed list cannot go stale: every MaxAge/4
+// when u has a MaxAge method (as *Registry does), once a second otherwise,
+// never when MaxAge is 0.
+type Static []Backend
+
+// Run implements Source.
+func (s Static) Run(ctx context.Context, u Updater) error {
+	if u == nil {
+		return errNilUpdater
+	}
+	if err := u.Update(s); err != nil {
+		return fmt.Errorf("static source: %w", err)
+	}
+	every := time.Second
+	if m, ok := u.(interface{ MaxAge() time.Duration }); ok {
+		maxAge := m.MaxAge()
+		if maxAge <= 0 {
+			<-ctx.Done()
+			return nil
+		}
+		every = max(maxAge/4, 1)
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			u.Confirm()
+		}
+	}
+}
