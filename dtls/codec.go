@@ -1,0 +1,103 @@
+package dtls
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// ReservedOrdinal is never issued: a CID that decodes to it is dropped.
+const ReservedOrdinal = 255
+
+// ErrReservedOrdinal is returned when asked to encode ReservedOrdinal.
+var ErrReservedOrdinal = errors.New("dtls: ordinal 255 is reserved")
+
+const (
+	defaultOrdinalFirstLen = 8
+	// One ordinal byte and at least four random bytes, as QUIC-LB asks of
+	// its nonce: pion routes a listener's datagrams by CID, so two live
+	// sessions of one backend must not draw the same CID.
+	minOrdinalFirstLen = 5
+)
+
+// OrdinalFirst is the ordinal-first CID layout: byte 0 is the backend's
+// ordinal (0–254), the remaining Length-1 bytes come from crypto/rand.
+// Californium's multi-node CID generator uses the same layout.
+//
+// Length 0 means 8. Valid lengths are 5 to 255 (RFC 9146's limit); with
+// QUIC, which caps CIDs at 20 bytes, use at most 20. The random part should
+// be large enough that a backend's concurrent sessions do not collide
+// (birthday bound: with the default 7 random bytes, some two of a million
+// sessions collide with a probability of about 7e-6).
+//
+// OrdinalFirst satisfies cidroute.CIDCodec.
+type OrdinalFirst struct {
+	Length int
+}
+
+// Len returns the CID length, 8 for the zero value.
+func (c OrdinalFirst) Len() int {
+	if c.Length == 0 {
+		return defaultOrdinalFirstLen
+	}
+	return c.Length
+}
+
+// Validate reports whether Length is usable (ErrCIDLength otherwise).
+func (c OrdinalFirst) Validate() error {
+	if n := c.Len(); n < minOrdinalFirstLen || n > MaxCIDLen {
+		return fmt.Errorf("ordinal-first length %d not in %d..%d: %w", n, minOrdinalFirstLen, MaxCIDLen, ErrCIDLength)
+	}
+	return nil
+}
+
+// AppendCID appends a fresh CID carrying ordinal to dst. It allocates only
+// when dst lacks capacity.
+func (c OrdinalFirst) AppendCID(dst []byte, ordinal uint8) ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return dst, err
+	}
+	if ordinal == ReservedOrdinal {
+		return dst, ErrReservedOrdinal
+	}
+	n := c.Len()
+	dst = slices.Grow(dst, n)
+	cid := dst[len(dst) : len(dst)+n]
+	cid[0] = ordinal
+	rand.Read(cid[1:]) // never fails (crypto/rand, Go 1.24+)
+	return dst[:len(dst)+n], nil
+}
+
+// Ordinal returns byte 0 of cid. ok is always true: ordinal-first has no
+// "not routable" marking. A cid whose length is not Len decodes to
+// ReservedOrdinal, so the router drops it instead of guessing.
+func (c OrdinalFirst) Ordinal(cid []byte) (ordinal uint8, ok bool) {
+	if len(cid) != c.Len() || len(cid) == 0 {
+		return ReservedOrdinal, true
+	}
+	return cid[0], true
+}
+
+// OrdinalOffset returns 0, the ordinal's byte offset in the CID.
+func (OrdinalFirst) OrdinalOffset() int { return 0 }
+
+// Generator returns a function that makes a new CID for ordinal on each
+// call, in the form pion/dtls v3 wants for Config.ConnectionIDGenerator
+// (and WithConnectionIDGenerator): every call returns a new slice, which
+// the caller may keep. It is safe for concurrent use.
+func (c OrdinalFirst) Generator(ordinal uint8) (func() []byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if ordinal == ReservedOrdinal {
+		return nil, ErrReservedOrdinal
+	}
+	n := c.Len()
+	return func() []byte {
+		cid := make([]byte, n)
+		cid[0] = ordinal
+		rand.Read(cid[1:])
+		return cid
+	}, nil
+}

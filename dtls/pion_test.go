@@ -1,0 +1,97 @@
+package dtls
+
+// Differential checks against pion's public recordlayer package. pion splits
+// a datagram by lengths only (ContentAwareUnpackDatagram) and checks type
+// and version per record (Header.Unmarshal), so where the two disagree the
+// reason must be one of our stricter checks.
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/pion/dtls/v3/pkg/protocol"
+	"github.com/pion/dtls/v3/pkg/protocol/recordlayer"
+)
+
+// pionHeader parses one record header with pion.
+func pionHeader(pkt []byte, cidLen int) (recordlayer.Header, error) {
+	h := recordlayer.Header{}
+	if len(pkt) > 0 && protocol.ContentType(pkt[0]) == protocol.ContentTypeConnectionID {
+		h.ConnectionID = make([]byte, cidLen) // pion takes the CID length from here
+	}
+	err := h.Unmarshal(pkt)
+	return h, err
+}
+
+// checkAgainstPion compares Classify's verdict (c, err) on b with pion's.
+func checkAgainstPion(t testing.TB, b []byte, cidLen int, c Class, err error) {
+	t.Helper()
+	if errors.Is(err, ErrCIDLength) {
+		return // nothing to compare: pion takes any length
+	}
+	pkts, perr := recordlayer.ContentAwareUnpackDatagram(b, cidLen)
+	if err == nil {
+		if perr != nil {
+			t.Fatalf("we accept, pion rejects (%v): % x", perr, b)
+		}
+		if len(pkts) != c.Records {
+			t.Fatalf("we see %d records, pion %d: % x", c.Records, len(pkts), b)
+		}
+		for i, pkt := range pkts {
+			comparePion(t, pkt, cidLen, i)
+		}
+		return
+	}
+	if perr != nil || len(b) == 0 {
+		return // both reject (pion returns no records for an empty datagram)
+	}
+	// pion splits the datagram into whole records; we reject record
+	// c.Records. The records before it must match, and the reason must be
+	// visible in the failing one.
+	if c.Records >= len(pkts) {
+		t.Fatalf("we fail at record %d (%v), pion splits into %d: % x", c.Records, err, len(pkts), b)
+	}
+	for i := range c.Records {
+		comparePion(t, pkts[i], cidLen, i)
+	}
+	pkt := pkts[c.Records]
+	hl := HeaderLen
+	if ContentType(pkt[0]) == TLS12CID {
+		hl += cidLen
+	}
+	_, herr := pionHeader(pkt, cidLen)
+	var ok bool
+	switch err {
+	case ErrContentType:
+		ok = !validType(ContentType(pkt[0])) && pkt[0]&0xe0 != 0x20
+	case ErrDTLS13:
+		ok = pkt[0]&0xe0 == 0x20
+	case ErrVersion:
+		ok = herr != nil
+	case ErrEmptyRecord:
+		ok = len(pkt) == hl // pion allows it except as the last record
+	}
+	if !ok {
+		t.Fatalf("we reject record %d with %v, pion accepts it: % x", c.Records, err, b)
+	}
+}
+
+// comparePion checks that ParseRecord and pion read the same header from a
+// record pion split off.
+func comparePion(t testing.TB, pkt []byte, cidLen, i int) {
+	t.Helper()
+	r, n, err := ParseRecord(pkt, cidLen)
+	if err != nil || n != len(pkt) {
+		t.Fatalf("record %d: n=%d err=%v, pion: %d bytes: % x", i, n, err, len(pkt), pkt)
+	}
+	h, err := pionHeader(pkt, cidLen)
+	if err != nil {
+		t.Fatalf("record %d: pion: %v: % x", i, err, pkt)
+	}
+	if byte(h.ContentType) != byte(r.Type) || uint16(h.Version.Major)<<8|uint16(h.Version.Minor) != r.Version ||
+		h.Epoch != r.Epoch || h.SequenceNumber != r.Seq || !bytes.Equal(h.ConnectionID, r.CID) ||
+		h.Size()+len(r.Fragment) != len(pkt) {
+		t.Fatalf("record %d: we read %+v, pion %+v: % x", i, r, h, pkt)
+	}
+}

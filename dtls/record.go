@@ -1,0 +1,162 @@
+package dtls
+
+import "errors"
+
+// ContentType is the first byte of a DTLS record.
+type ContentType uint8
+
+// The content types a DTLS 1.2 record may carry. TLS12CID (RFC 9146) is an
+// encrypted record with a connection ID in its header.
+const (
+	ChangeCipherSpec ContentType = 20
+	Alert            ContentType = 21
+	Handshake        ContentType = 22
+	ApplicationData  ContentType = 23
+	TLS12CID         ContentType = 25
+)
+
+func (t ContentType) String() string {
+	switch t {
+	case ChangeCipherSpec:
+		return "change_cipher_spec"
+	case Alert:
+		return "alert"
+	case Handshake:
+		return "handshake"
+	case ApplicationData:
+		return "application_data"
+	case TLS12CID:
+		return "tls12_cid"
+	}
+	return "unknown"
+}
+
+// Record versions on the wire. Both are accepted on every record: many
+// clients (OpenSSL among them) send their first ClientHello as DTLS 1.0.
+const (
+	VersionDTLS10 uint16 = 0xfeff
+	VersionDTLS12 uint16 = 0xfefd
+)
+
+// Header and CID sizes.
+const (
+	// HeaderLen is the size of a record header without a CID:
+	// type(1) version(2) epoch(2) sequence(6) length(2).
+	HeaderLen = 13
+	// MinCIDLen and MaxCIDLen bound the cidLen argument of ParseRecord and
+	// Classify. RFC 9146 encodes a CID with a one-byte length, hence 255; a
+	// zero-length CID means the peer sends no tls12_cid records, which
+	// leaves nothing to route by.
+	MinCIDLen = 1
+	MaxCIDLen = 255
+)
+
+// The errors ParseRecord and Classify return. They are returned as they
+// are, not wrapped, so that the error path does not allocate.
+var (
+	// ErrTooShort: the datagram is empty or shorter than a record header.
+	ErrTooShort = errors.New("dtls: datagram shorter than a record header")
+	// ErrTruncated: a record's CID or declared length runs past the end of
+	// the datagram, or bytes after the last whole record do not form one.
+	ErrTruncated = errors.New("dtls: truncated record")
+	// ErrContentType: a content type other than 20–23 and 25.
+	ErrContentType = errors.New("dtls: unsupported content type")
+	// ErrVersion: a record version other than fe fd and fe ff.
+	ErrVersion = errors.New("dtls: unsupported record version")
+	// ErrDTLS13: a DTLS 1.3 unified header (RFC 9147, first byte 001xxxxx).
+	ErrDTLS13 = errors.New("dtls: DTLS 1.3 unified header not supported")
+	// ErrEmptyRecord: a record whose declared length is 0. DTLS 1.2 never
+	// sends one: handshake, alert and change_cipher_spec fragments must not
+	// be empty (RFC 5246 section 6.2.1), and application_data and tls12_cid
+	// records are encrypted, so they hold at least a MAC or AEAD tag.
+	ErrEmptyRecord = errors.New("dtls: record with empty fragment")
+	// ErrCIDLength: the configured CID length is outside MinCIDLen..MaxCIDLen,
+	// or a codec's Length is outside its range.
+	ErrCIDLength = errors.New("dtls: invalid CID length")
+)
+
+// Record is one parsed DTLS record. CID and Fragment are views into the
+// buffer given to ParseRecord, valid only while that buffer is.
+type Record struct {
+	Type    ContentType
+	Version uint16
+	Epoch   uint16
+	Seq     uint64 // 48 bits on the wire
+	CID     []byte // nil unless Type is TLS12CID
+	// Fragment is the record's payload: plaintext in epoch 0, ciphertext
+	// after (for TLS12CID it is the encrypted DTLSInnerPlaintext).
+	Fragment []byte
+}
+
+// ParseRecord parses the record at the start of b. A TLS12CID record carries
+// a CID of cidLen bytes right after the sequence number. n is the number of
+// bytes the record takes, so the next record starts at b[n:]. It does not
+// allocate.
+//
+// cidLen is validated on every call, whether or not the record has a CID,
+// so that a misconfigured length fails on the first datagram.
+func ParseRecord(b []byte, cidLen int) (r Record, n int, err error) {
+	if cidLen < MinCIDLen || cidLen > MaxCIDLen {
+		return Record{}, 0, ErrCIDLength
+	}
+	return parseRecord(b, cidLen)
+}
+
+// parseRecord is ParseRecord without the cidLen check, which Classify does
+// once per datagram.
+func parseRecord(b []byte, cidLen int) (Record, int, error) {
+	if len(b) == 0 {
+		return Record{}, 0, ErrTooShort
+	}
+	t := ContentType(b[0])
+	if !validType(t) {
+		return Record{}, 0, typeError(b[0])
+	}
+	if len(b) < HeaderLen {
+		return Record{}, 0, ErrTooShort
+	}
+	v := uint16(b[1])<<8 | uint16(b[2])
+	if v != VersionDTLS12 && v != VersionDTLS10 {
+		return Record{}, 0, ErrVersion
+	}
+	h := HeaderLen
+	var cid []byte
+	if t == TLS12CID {
+		h += cidLen
+		if len(b) < h {
+			return Record{}, 0, ErrTruncated
+		}
+		cid = b[11 : h-2 : h-2]
+	}
+	l := int(b[h-2])<<8 | int(b[h-1])
+	if l == 0 {
+		return Record{}, 0, ErrEmptyRecord
+	}
+	if l > len(b)-h {
+		return Record{}, 0, ErrTruncated
+	}
+	n := h + l
+	return Record{
+		Type:    t,
+		Version: v,
+		Epoch:   uint16(b[3])<<8 | uint16(b[4]),
+		Seq: uint64(b[5])<<40 | uint64(b[6])<<32 | uint64(b[7])<<24 |
+			uint64(b[8])<<16 | uint64(b[9])<<8 | uint64(b[10]),
+		CID:      cid,
+		Fragment: b[h:n:n],
+	}, n, nil
+}
+
+func validType(t ContentType) bool {
+	return t >= ChangeCipherSpec && t <= ApplicationData || t == TLS12CID
+}
+
+// typeError tells a DTLS 1.3 unified header (RFC 9147 section 4, first
+// byte 001CSLEE) apart from an unknown content type. Types 20–25 fall
+// outside 0x20–0x3f, so the two never overlap.
+func typeError(b0 byte) error {
+	if b0&0xe0 == 0x20 {
+		return ErrDTLS13
+	}
+	return ErrContentType
+}

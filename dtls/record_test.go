@@ -1,0 +1,187 @@
+package dtls
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+)
+
+var (
+	cid8  = unhex("07 a1 b2 c3 d4 e5 f6 01")
+	cid8b = unhex("02 00 00 00 00 00 00 02")
+	// handshake fragments: msg_type(1) length(3) message_seq(2)
+	// fragment_offset(3) fragment_length(3) body
+	clientHelloFrag = unhex("01 000002 0000 000000 000002 fefd")
+	hvrFrag         = unhex("03 000002 0000 000000 000002 fefd")
+	ckeFrag         = unhex("10 000002 0002 000000 000002 0041")
+	sealed          = unhex("0123456789abcdef0123456789abcdef 00112233") // stands in for ciphertext
+
+	clientHello = Record{Type: Handshake, Version: VersionDTLS10, Fragment: clientHelloFrag}
+	cidRecord   = Record{Type: TLS12CID, Version: VersionDTLS12, Epoch: 1, Seq: 5, CID: cid8, Fragment: sealed}
+	flight5     = datagram(
+		Record{Type: Handshake, Version: VersionDTLS12, Seq: 2, Fragment: ckeFrag},
+		Record{Type: ChangeCipherSpec, Version: VersionDTLS12, Seq: 3, Fragment: []byte{1}},
+		Record{Type: TLS12CID, Version: VersionDTLS12, Epoch: 1, CID: cid8, Fragment: sealed},
+	)
+)
+
+type classifyCase struct {
+	name   string
+	in     []byte
+	cidLen int
+	want   Class
+	err    error
+}
+
+var classifyCases = []classifyCase{
+	{"clienthello-fe-ff", datagram(clientHello), 8, Class{Kind: KindNew, ClientHello: true, Records: 1}, nil},
+	{"cid-record", datagram(cidRecord), 8, Class{Kind: KindEstablished, CID: cid8, Records: 1}, nil},
+	{"flight5", flight5, 8, Class{Kind: KindEstablished, CID: cid8, Records: 3}, nil},
+	{"cid-first-then-alert", datagram(cidRecord, Record{Type: Alert, Version: VersionDTLS12, Fragment: []byte{1, 0}}), 8,
+		Class{Kind: KindEstablished, CID: cid8, Records: 2}, nil},
+	{"two-cids-first-wins", datagram(cidRecord, Record{Type: TLS12CID, Version: VersionDTLS12, Epoch: 1, CID: cid8b, Fragment: sealed}), 8,
+		Class{Kind: KindEstablished, CID: cid8, Records: 2}, nil},
+	{"clienthello-then-cid", datagram(clientHello, cidRecord), 8, Class{Kind: KindEstablished, CID: cid8, ClientHello: true, Records: 2}, nil},
+	{"hello-verify-request", datagram(Record{Type: Handshake, Version: VersionDTLS12, Fragment: hvrFrag}), 8, Class{Kind: KindNew, Records: 1}, nil},
+	{"clienthello-epoch1-is-not", datagram(Record{Type: Handshake, Version: VersionDTLS12, Epoch: 1, Fragment: clientHelloFrag}), 8, Class{Kind: KindNew, Records: 1}, nil},
+	{"appdata-no-cid", datagram(Record{Type: ApplicationData, Version: VersionDTLS12, Epoch: 1, Seq: 1<<48 - 1, Fragment: sealed}), 8, Class{Kind: KindNew, Records: 1}, nil},
+	{"cidlen-1", datagram(Record{Type: TLS12CID, Version: VersionDTLS12, Epoch: 1, CID: []byte{9}, Fragment: []byte{0}}), 1,
+		Class{Kind: KindEstablished, CID: []byte{9}, Records: 1}, nil},
+	{"cidlen-255", datagram(Record{Type: TLS12CID, Version: VersionDTLS12, Epoch: 1, CID: bytes.Repeat([]byte{3}, 255), Fragment: []byte{0}}), 255,
+		Class{Kind: KindEstablished, CID: bytes.Repeat([]byte{3}, 255), Records: 1}, nil},
+
+	{"empty", nil, 8, Class{}, ErrTooShort},
+	{"one-byte", []byte{22}, 8, Class{}, ErrTooShort},
+	{"header-minus-one", datagram(clientHello)[:12], 8, Class{}, ErrTooShort},
+	{"type-0", append([]byte{0}, datagram(clientHello)[1:]...), 8, Class{}, ErrContentType},
+	{"type-24-heartbeat", append([]byte{24}, datagram(clientHello)[1:]...), 8, Class{}, ErrContentType},
+	{"type-26-dtls13-ack", append([]byte{26}, datagram(clientHello)[1:]...), 8, Class{}, ErrContentType},
+	{"type-255", []byte{255}, 8, Class{}, ErrContentType},
+	{"tls-not-dtls", unhex("16 0301 000a 01000006 0303 00000000 00"), 8, Class{}, ErrVersion},
+	{"version-fefc", datagram(Record{Type: Handshake, Version: 0xfefc, Fragment: clientHelloFrag}), 8, Class{}, ErrVersion},
+	{"version-0000", datagram(Record{Type: TLS12CID, Version: 0, CID: cid8, Fragment: sealed}), 8, Class{}, ErrVersion},
+	// 001CSLEE: C=0 S=1 L=1 EE=01, 16-bit seq, length 3.
+	{"dtls13-unified", unhex("2d 0001 0003 aabbcc"), 8, Class{}, ErrDTLS13},
+	{"dtls13-one-byte", []byte{0x3f}, 8, Class{}, ErrDTLS13},
+	{"dtls13-after-plaintext", append(datagram(Record{Type: Handshake, Version: VersionDTLS12, Fragment: ckeFrag}), unhex("2d 0001 0003 aabbcc")...), 8,
+		Class{Records: 1}, ErrDTLS13},
+	{"length-past-end", datagram(clientHello)[:HeaderLen+3], 8, Class{}, ErrTruncated},
+	{"cid-cut", datagram(cidRecord)[:HeaderLen+2], 8, Class{}, ErrTruncated},
+	{"cid-header-only", datagram(cidRecord)[:HeaderLen], 8, Class{}, ErrTruncated},
+	{"cid-longer-than-configured", datagram(cidRecord), 12, Class{}, ErrTruncated},
+	{"flight5-cid-cut", flight5[:len(flight5)-1], 8, Class{Records: 2}, ErrTruncated},
+	{"clienthello-then-broken-cid", append(datagram(clientHello), datagram(cidRecord)[:20]...), 8, Class{Records: 1}, ErrTruncated},
+	{"trailing-byte", append(datagram(clientHello), 22), 8, Class{Records: 1}, ErrTruncated},
+	{"trailing-header", append(datagram(clientHello), datagram(clientHello)[:HeaderLen]...), 8, Class{Records: 1}, ErrTruncated},
+	{"trailing-zero", append(datagram(clientHello), 0), 8, Class{Records: 1}, ErrContentType},
+	{"empty-fragment", datagram(Record{Type: ApplicationData, Version: VersionDTLS12, Epoch: 1}), 8, Class{}, ErrEmptyRecord},
+	{"empty-cid-fragment", datagram(cidRecord, Record{Type: TLS12CID, Version: VersionDTLS12, Epoch: 1, CID: cid8}), 8, Class{Records: 1}, ErrEmptyRecord},
+	{"cidlen-0", datagram(clientHello), 0, Class{}, ErrCIDLength},
+	{"cidlen-256", datagram(clientHello), 256, Class{}, ErrCIDLength},
+	{"cidlen-negative", datagram(clientHello), -1, Class{}, ErrCIDLength},
+}
+
+func TestClassify(t *testing.T) {
+	for _, tc := range classifyCases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Classify(tc.in, tc.cidLen)
+			eq(t, tc.err, err) // sentinels come back unwrapped
+			eq(t, tc.want, c)
+			checkAgainstPion(t, tc.in, tc.cidLen, c, err)
+		})
+	}
+}
+
+func TestClassifyCIDIsView(t *testing.T) {
+	b := datagram(clientHello, cidRecord)
+	c, err := Classify(b, 8)
+	noErr(t, err)
+	isTrue(t, &b[len(datagram(clientHello))+11] == &c.CID[0])
+	eq(t, len(cid8), cap(c.CID), "capacity is clipped to the CID")
+}
+
+func TestParseRecord(t *testing.T) {
+	b := append(datagram(Record{Type: TLS12CID, Version: VersionDTLS12, Epoch: 0xabcd, Seq: 0x0102030405ff, CID: cid8, Fragment: sealed}), 0x16)
+	r, n, err := ParseRecord(b, 8)
+	noErr(t, err)
+	eq(t, len(b)-1, n)
+	eq(t, Record{Type: TLS12CID, Version: VersionDTLS12, Epoch: 0xabcd, Seq: 0x0102030405ff, CID: cid8, Fragment: sealed}, r)
+	isTrue(t, &b[11] == &r.CID[0])
+	isTrue(t, &b[HeaderLen+8] == &r.Fragment[0])
+	eq(t, len(sealed), cap(r.Fragment), "capacity is clipped: appending cannot overwrite the next record")
+
+	r, n, err = ParseRecord(datagram(clientHello), 8)
+	noErr(t, err)
+	eq(t, HeaderLen+len(clientHelloFrag), n)
+	isTrue(t, r.CID == nil)
+
+	for _, tc := range classifyCases {
+		if tc.err == nil || tc.want.Records > 0 {
+			continue
+		}
+		r, n, err := ParseRecord(tc.in, tc.cidLen)
+		eq(t, tc.err, err, tc.name)
+		isTrue(t, n == 0, tc.name)
+		eq(t, Record{}, r, tc.name)
+	}
+}
+
+func TestContentTypeAndKindStrings(t *testing.T) {
+	eq(t, "tls12_cid", TLS12CID.String())
+	eq(t, "unknown", ContentType(24).String())
+	eq(t, "established", KindEstablished.String())
+	eq(t, "invalid", Kind(0).String())
+}
+
+// TestRoundTripRandom builds random valid datagrams, classifies them, and
+// walks them back into the records they were built from.
+func TestRoundTripRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	types := []ContentType{ChangeCipherSpec, Alert, Handshake, ApplicationData, TLS12CID}
+	for range 2000 {
+		cidLen := 1 + rng.IntN(MaxCIDLen)
+		if rng.IntN(2) == 0 {
+			cidLen = 1 + rng.IntN(20)
+		}
+		var rs []Record
+		var firstCID []byte
+		for range 1 + rng.IntN(5) {
+			r := Record{
+				Type:     types[rng.IntN(len(types))],
+				Version:  []uint16{VersionDTLS10, VersionDTLS12}[rng.IntN(2)],
+				Epoch:    uint16(rng.Uint32()),
+				Seq:      rng.Uint64() >> 16,
+				Fragment: make([]byte, 1+rng.IntN(300)),
+			}
+			for i := range r.Fragment {
+				r.Fragment[i] = byte(rng.Uint32())
+			}
+			if r.Type == TLS12CID {
+				r.CID = make([]byte, cidLen)
+				for i := range r.CID {
+					r.CID[i] = byte(rng.Uint32())
+				}
+				if firstCID == nil {
+					firstCID = r.CID
+				}
+			}
+			rs = append(rs, r)
+		}
+		b := datagram(rs...)
+
+		c, err := Classify(b, cidLen)
+		noErr(t, err)
+		eq(t, len(rs), c.Records)
+		eq(t, firstCID, c.CID)
+		eq(t, firstCID != nil, c.Kind == KindEstablished)
+		checkAgainstPion(t, b, cidLen, c, err)
+
+		for i, want := range rs {
+			r, n, err := ParseRecord(b, cidLen)
+			noErr(t, err)
+			eq(t, want, r, "record %d", i)
+			b = b[n:]
+		}
+		eq(t, 0, len(b))
+	}
+}
