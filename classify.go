@@ -1,0 +1,101 @@
+package cidroute
+
+import (
+	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/quic"
+)
+
+// Kind is what a classifier says about how a datagram is routed.
+type Kind uint8
+
+const (
+	// KindNew: no connection ID the server chose is known to be in the
+	// datagram. Route it by hashing (a DTLS ClientHello, a QUIC Initial or
+	// 0-RTT packet), unless ID is a server CID that decodes to a serving
+	// ordinal.
+	KindNew Kind = iota + 1
+	// KindEstablished: the datagram carries a CID the server chose (a DTLS
+	// tls12_cid record, a QUIC short header or Handshake packet). Route it
+	// by the ordinal in ID, never by hashing.
+	KindEstablished
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindNew:
+		return "new"
+	case KindEstablished:
+		return "established"
+	}
+	return "invalid"
+}
+
+// A Class is a classifier's verdict on one datagram. ID is a view into the
+// datagram and valid only while its buffer is.
+type Class struct {
+	Kind Kind
+	// ID is the connection ID to route by: the CID of an established
+	// session, or for KindNew the QUIC DCID (decoded when it has the
+	// server CID length, else hashed). nil for a DTLS KindNew datagram,
+	// which is hashed by client and service address.
+	ID []byte
+	// Handshake marks a datagram that starts a new handshake (a DTLS
+	// ClientHello, a QUIC Initial); it counts against the handshake limit.
+	Handshake bool
+	// ZeroRTT marks a datagram that carries QUIC 0-RTT data.
+	ZeroRTT bool
+}
+
+// A Classifier reads a datagram's routing class. It must not allocate or
+// retain b, and must be safe for concurrent use. An error means the
+// datagram is malformed and is dropped.
+type Classifier interface {
+	Classify(b []byte) (Class, error)
+}
+
+// ClassifierFunc adapts a function to a Classifier.
+type ClassifierFunc func(b []byte) (Class, error)
+
+// Classify calls f(b).
+func (f ClassifierFunc) Classify(b []byte) (Class, error) { return f(b) }
+
+// DTLSClassifier classifies DTLS 1.2 datagrams whose tls12_cid records carry
+// CIDs of CIDLen bytes.
+type DTLSClassifier struct{ CIDLen int }
+
+// Classify implements Classifier with dtls.Classify.
+func (c DTLSClassifier) Classify(b []byte) (Class, error) {
+	d, err := dtls.Classify(b, c.CIDLen)
+	if err != nil {
+		return Class{}, err
+	}
+	if d.Kind == dtls.KindEstablished {
+		return Class{Kind: KindEstablished, ID: d.CID}, nil
+	}
+	return Class{Kind: KindNew, Handshake: d.ClientHello}, nil
+}
+
+// QUICClassifier classifies QUIC datagrams whose server CIDs are CIDLen
+// bytes long.
+type QUICClassifier struct{ CIDLen int }
+
+// Classify implements Classifier with quic.Classify.
+func (c QUICClassifier) Classify(b []byte) (Class, error) {
+	q, err := quic.Classify(b, c.CIDLen)
+	if err != nil {
+		return Class{}, err
+	}
+	k := KindNew
+	if q.Kind == quic.KindEstablished {
+		k = KindEstablished
+	}
+	return Class{Kind: k, ID: q.DCID, Handshake: q.Initial, ZeroRTT: q.ZeroRTT}, nil
+}
+
+var (
+	_ Classifier = DTLSClassifier{}
+	_ Classifier = QUICClassifier{}
+	_ Classifier = ClassifierFunc(nil)
+	_ CIDCodec   = dtls.OrdinalFirst{}
+	_ CIDCodec   = quic.LB{}
+)

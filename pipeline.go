@@ -1,0 +1,277 @@
+package cidroute
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/cidroute/cidroute/udpio"
+)
+
+// Service configures one proxied service of a Pipeline.
+type Service struct {
+	// Name labels the service in metrics and logs.
+	Name string
+	// Listen is the service's public address, where clients send. A
+	// wildcard address listens on every local address; replies then leave
+	// from the address each client used. The HRW key of new DTLS sessions
+	// includes it, so all replicas must be configured alike.
+	Listen netip.AddrPort
+	// Router fields: Protocol, Codec or CIDLen, Classifier, Backends,
+	// Encoder. Service is ignored (Listen is used).
+	RouterConfig
+	// Limits are the admission limits (all off by default).
+	Limits Limits
+	// Workers is the number of SO_REUSEPORT sockets, each served by one
+	// forward and one reverse goroutine. 0 means GOMAXPROCS.
+	Workers int
+	// RecvBuffer and SendBuffer request socket buffer sizes in bytes (0
+	// keeps the kernel default).
+	RecvBuffer, SendBuffer int
+}
+
+// Config configures a Pipeline.
+type Config struct {
+	Services []Service
+	// BatchSize is the number of datagrams per recvmmsg/sendmmsg (0 = 32).
+	BatchSize int
+	// MaxDatagram is the largest datagram accepted in either direction,
+	// PPv2 header included (0 = 9216). Larger ones are dropped as
+	// malformed.
+	MaxDatagram int
+	// Logger receives start-up, shutdown and error logs, never one line
+	// per datagram. nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// ErrClosed is returned by Run on a Pipeline that was already run or
+// closed.
+var ErrClosed = errors.New("cidroute: pipeline closed")
+
+// A Pipeline is the CID-aware proxy: for each service, workers that read
+// batches from the service's sockets, route them (Router), prepend PPv2 and
+// send them to backends, and relay the backends' replies back to clients.
+// It keeps no per-client state.
+type Pipeline struct {
+	log      *slog.Logger
+	services []*service
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+	runOnce  sync.Once
+	err      error
+}
+
+type service struct {
+	cfg      Service
+	router   *Router
+	wildcard bool
+	workers  []*worker
+}
+
+// New validates cfg and opens every socket, so that a bad address fails
+// here and Addr reports the bound ports; Run starts the traffic.
+func New(cfg Config) (*Pipeline, error) {
+	if len(cfg.Services) == 0 {
+		return nil, fmt.Errorf("no services: %w", ErrConfig)
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = udpio.DefaultBatch
+	}
+	if cfg.MaxDatagram == 0 {
+		cfg.MaxDatagram = 9216
+	}
+	if cfg.BatchSize < 1 || cfg.BatchSize > 1024 || cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535 {
+		return nil, fmt.Errorf("batch size %d, max datagram %d: %w", cfg.BatchSize, cfg.MaxDatagram, ErrConfig)
+	}
+	p := &Pipeline{log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	names := map[string]bool{}
+	for _, sc := range cfg.Services {
+		if sc.Name == "" || names[sc.Name] {
+			p.closeSockets()
+			return nil, fmt.Errorf("service name %q empty or repeated: %w", sc.Name, ErrConfig)
+		}
+		names[sc.Name] = true
+		s, err := p.openService(sc, cfg)
+		if err != nil {
+			p.closeSockets()
+			return nil, fmt.Errorf("service %s: %w", sc.Name, err)
+		}
+		p.services = append(p.services, s)
+	}
+	return p, nil
+}
+
+func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
+	if err := sc.Limits.validate(); err != nil {
+		return nil, err
+	}
+	if sc.Workers == 0 {
+		sc.Workers = runtime.GOMAXPROCS(0)
+	}
+	if sc.Workers < 1 || sc.Workers > 256 {
+		return nil, fmt.Errorf("workers %d: %w", sc.Workers, ErrConfig)
+	}
+	rc := sc.RouterConfig
+	rc.Service = sc.Listen
+	r, err := NewRouter(rc)
+	if err != nil {
+		return nil, err
+	}
+	s := &service{cfg: sc, router: r, wildcard: sc.Listen.Addr().IsUnspecified()}
+	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer, PacketInfo: s.wildcard}
+	network := "udp4"
+	if sc.Listen.Addr().Is6() {
+		network = "udp6"
+	}
+	group, err := udpio.ListenGroup(network, sc.Listen.String(), sc.Workers, lc)
+	if err != nil {
+		return nil, err
+	}
+	for _, in := range group {
+		w, err := newWorker(s, in, sc, cfg)
+		if err != nil {
+			for _, c := range group {
+				c.Close()
+			}
+			for _, w := range s.workers {
+				w.upConn.Close()
+			}
+			return nil, err
+		}
+		s.workers = append(s.workers, w)
+	}
+	if s.cfg.Listen.Port() == 0 { // learn the port the kernel picked
+		s.cfg.Listen = netip.AddrPortFrom(s.cfg.Listen.Addr(), group[0].LocalAddr().(*net.UDPAddr).AddrPort().Port())
+		s.router.service = unmap(s.cfg.Listen)
+	}
+	return s, nil
+}
+
+// Addr returns the bound address of the named service.
+func (p *Pipeline) Addr(service string) (netip.AddrPort, bool) {
+	for _, s := range p.services {
+		if s.cfg.Name == service {
+			return s.cfg.Listen, true
+		}
+	}
+	return netip.AddrPort{}, false
+}
+
+// UpstreamAddrs returns the local addresses of the named service's upstream
+// sockets, the physical source of every datagram backends receive from this
+// pipeline.
+func (p *Pipeline) UpstreamAddrs(service string) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, s := range p.services {
+		if s.cfg.Name == service {
+			for _, w := range s.workers {
+				out = append(out, w.upConn.LocalAddr().(*net.UDPAddr).AddrPort())
+			}
+		}
+	}
+	return out
+}
+
+// Router returns the named service's routing step.
+func (p *Pipeline) Router(service string) *Router {
+	for _, s := range p.services {
+		if s.cfg.Name == service {
+			return s.router
+		}
+	}
+	return nil
+}
+
+// Stats returns every service's counters, summed over its workers.
+func (p *Pipeline) Stats() []ServiceStats {
+	out := make([]ServiceStats, len(p.services))
+	for i, s := range p.services {
+		out[i].Name = s.cfg.Name
+		for _, w := range s.workers {
+			w.fwd.load(&out[i].Forward)
+			w.rev.load(&out[i].Reverse)
+		}
+	}
+	return out
+}
+
+// Run serves until ctx is done or Close is called, then stops reading,
+// sends what it had read, closes the sockets and returns. It returns nil
+// after a requested stop, or the first socket error that stopped it. A
+// Pipeline runs once; a second Run, or a Run after Close, returns ErrClosed.
+func (p *Pipeline) Run(ctx context.Context) error {
+	claimed := false
+	p.runOnce.Do(func() { claimed = true })
+	if !claimed {
+		return ErrClosed
+	}
+	defer close(p.done)
+	errc := make(chan error, 1)
+	var wg sync.WaitGroup
+	for _, s := range p.services {
+		for _, w := range s.workers {
+			for _, loop := range []func() error{w.forwardLoop, w.reverseLoop} {
+				wg.Go(func() {
+					if err := loop(); err != nil {
+						select {
+						case errc <- err:
+						default:
+						}
+					}
+				})
+			}
+		}
+		p.log.Info("service started", "service", s.cfg.Name, "protocol", s.cfg.Protocol,
+			"listen", s.cfg.Listen, "workers", len(s.workers), "cid_len", s.router.codec.Len())
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case <-p.stop:
+	case err = <-errc:
+		p.log.Error("pipeline stopped by a socket error", "err", err)
+	}
+	// Wake every reader without closing its socket: in-flight batches are
+	// still sent, then the loops return and the sockets close.
+	p.eachSocket(func(c *net.UDPConn) { c.SetReadDeadline(time.Unix(1, 0)) })
+	wg.Wait()
+	p.closeSockets()
+	p.err = err
+	p.log.Info("pipeline stopped")
+	return err
+}
+
+// Close stops a running pipeline and waits until Run has returned, or
+// closes the sockets of one that never ran. It is idempotent and returns
+// what Run returned.
+func (p *Pipeline) Close() error {
+	p.stopOnce.Do(func() { close(p.stop) })
+	p.runOnce.Do(func() { // Run never started, and now never will
+		p.closeSockets()
+		close(p.done)
+	})
+	<-p.done
+	return p.err
+}
+
+func (p *Pipeline) eachSocket(f func(*net.UDPConn)) {
+	for _, s := range p.services {
+		for _, w := range s.workers {
+			f(w.inConn)
+			f(w.upConn)
+		}
+	}
+}
+
+func (p *Pipeline) closeSockets() { p.eachSocket(func(c *net.UDPConn) { c.Close() }) }

@@ -1,0 +1,286 @@
+package cidroute
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/ppv2"
+	"github.com/cidroute/cidroute/quic"
+	"github.com/cidroute/cidroute/registry"
+)
+
+// Backends is where a service's routing reads its backends: a
+// *registry.Registry, or anything that publishes registry snapshots.
+// Both methods run once per batch and must be cheap and safe for
+// concurrent use.
+type Backends interface {
+	Snapshot() *registry.Snapshot
+	// Stale reports that the source has not confirmed the snapshot within
+	// its freshness limit: new sessions are refused, CID routes go on.
+	Stale() bool
+}
+
+var _ Backends = (*registry.Registry)(nil)
+
+// An Encoder writes the header that goes in front of a forwarded datagram.
+// It must not allocate when dst has room, and must be safe for concurrent
+// use.
+type Encoder interface {
+	AppendHeader(dst []byte, client, service netip.AddrPort) ([]byte, error)
+}
+
+// PPv2Encoder writes a PROXY protocol v2 header (v2 PROXY over DGRAM):
+// source = the client as measured, destination = the service address.
+type PPv2Encoder struct {
+	// CRC adds a CRC32C TLV, for backends that verify it.
+	CRC bool
+}
+
+// AppendHeader implements Encoder.
+func (e PPv2Encoder) AppendHeader(dst []byte, client, service netip.AddrPort) ([]byte, error) {
+	h := ppv2.Header{Command: ppv2.Proxy, Src: client, Dst: service}
+	if e.CRC {
+		return ppv2.AppendHeaderCRC(dst, h)
+	}
+	return ppv2.AppendHeader(dst, h)
+}
+
+// Protocol is the transport a service speaks.
+type Protocol uint8
+
+const (
+	DTLS Protocol = iota + 1 // DTLS 1.2 with Connection ID (RFC 9146)
+	QUIC                     // QUIC v1 and v2 (RFC 9000, RFC 9369)
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case DTLS:
+		return "dtls"
+	case QUIC:
+		return "quic"
+	}
+	return "invalid"
+}
+
+// ParseProtocol parses "dtls" or "quic".
+func ParseProtocol(s string) (Protocol, error) {
+	switch s {
+	case "dtls":
+		return DTLS, nil
+	case "quic":
+		return QUIC, nil
+	}
+	return 0, fmt.Errorf("cidroute: protocol %q: want \"dtls\" or \"quic\"", s)
+}
+
+// Default CID lengths: 8 for DTLS (ordinal-first), 12 for QUIC (QUIC-LB), so
+// that a QUIC server CID is never confused with a client's random 8-byte
+// DCID.
+const (
+	DefaultDTLSCIDLen = 8
+	DefaultQUICCIDLen = 12
+)
+
+// ErrConfig is wrapped by every configuration error.
+var ErrConfig = errors.New("cidroute: invalid configuration")
+
+// A Decision is the routing step's verdict on one datagram.
+type Decision struct {
+	// Reason is Forwarded, or why the datagram is dropped.
+	Reason Reason
+	// Backend is where the datagram goes (when forwarded), and Ordinal the
+	// backend's ordinal.
+	Backend netip.AddrPort
+	Ordinal uint8
+	// Class is the classifier's verdict (zero when Malformed).
+	Class Class
+	// Err is the classifier's or encoder's error when Reason is Malformed.
+	Err error
+}
+
+// A Router is the pure routing step of one service: datagram and client
+// address in, decision and header bytes out, with no sockets. It applies
+// SPEC.md's routing table; admission limits are a separate stage
+// (Admission). A Router is immutable and safe for concurrent use.
+type Router struct {
+	service  netip.AddrPort
+	cls      Classifier
+	codec    CIDCodec
+	backends Backends
+	enc      Encoder
+}
+
+// RouterConfig is what a Router needs. Zero fields take defaults.
+type RouterConfig struct {
+	Protocol Protocol
+	// Service is the service's public address: the HRW key of DTLS
+	// datagrams without CID uses it, so every replica must be configured
+	// with the same one, and it is the PPv2 destination unless the
+	// datagram's measured destination is given.
+	Service netip.AddrPort
+	// Codec is the CID layout; nil means dtls.OrdinalFirst of CIDLen
+	// (DTLS) or quic.LB of CIDLen (QUIC).
+	Codec CIDCodec
+	// CIDLen is the CID length when Codec is nil: 0 means 8 (DTLS) or 12
+	// (QUIC).
+	CIDLen int
+	// Classifier nil means the protocol's classifier for Codec.Len().
+	Classifier Classifier
+	// Backends is required.
+	Backends Backends
+	// Encoder nil means PPv2Encoder{}.
+	Encoder Encoder
+}
+
+// NewRouter validates cfg and returns its Router.
+func NewRouter(cfg RouterConfig) (*Router, error) {
+	if cfg.Backends == nil {
+		return nil, fmt.Errorf("router: no backends: %w", ErrConfig)
+	}
+	if !cfg.Service.IsValid() {
+		return nil, fmt.Errorf("router: service address %v: %w", cfg.Service, ErrConfig)
+	}
+	r := &Router{service: unmap(cfg.Service), cls: cfg.Classifier, codec: cfg.Codec, backends: cfg.Backends, enc: cfg.Encoder}
+	if r.codec == nil {
+		switch cfg.Protocol {
+		case DTLS:
+			c := dtls.OrdinalFirst{Length: cfg.CIDLen}
+			if err := c.Validate(); err != nil {
+				return nil, fmt.Errorf("router: %w: %w", err, ErrConfig)
+			}
+			r.codec = c
+		case QUIC:
+			c := quic.LB{Length: cfg.CIDLen}
+			if err := c.Validate(); err != nil {
+				return nil, fmt.Errorf("router: %w: %w", err, ErrConfig)
+			}
+			r.codec = c
+		default:
+			return nil, fmt.Errorf("router: protocol %v and no codec: %w", cfg.Protocol, ErrConfig)
+		}
+	} else if cfg.CIDLen != 0 && cfg.CIDLen != r.codec.Len() {
+		return nil, fmt.Errorf("router: CID length %d but codec length %d: %w", cfg.CIDLen, r.codec.Len(), ErrConfig)
+	}
+	if r.cls == nil {
+		switch cfg.Protocol {
+		case DTLS:
+			r.cls = DTLSClassifier{CIDLen: r.codec.Len()}
+		case QUIC:
+			r.cls = QUICClassifier{CIDLen: r.codec.Len()}
+		default:
+			return nil, fmt.Errorf("router: protocol %v and no classifier: %w", cfg.Protocol, ErrConfig)
+		}
+	}
+	if r.enc == nil {
+		r.enc = PPv2Encoder{}
+	}
+	return r, nil
+}
+
+// Codec returns the router's CID codec.
+func (r *Router) Codec() CIDCodec { return r.codec }
+
+// Route classifies datagram b from client, routes it against the current
+// registry snapshot and, when it is forwarded, appends the header to hdr.
+// The PPv2 destination is the configured service address. It does not
+// allocate when hdr has room (52 bytes for PPv2 without TLVs).
+func (r *Router) Route(hdr, b []byte, client netip.AddrPort) (Decision, []byte) {
+	return r.RouteTo(hdr, b, client, r.service)
+}
+
+// RouteTo is Route with the datagram's measured destination, for a service
+// listening on a wildcard address: it becomes the PPv2 destination.
+func (r *Router) RouteTo(hdr, b []byte, client, local netip.AddrPort) (Decision, []byte) {
+	c, err := r.cls.Classify(b)
+	if err != nil {
+		return Decision{Reason: Malformed, Err: err}, hdr
+	}
+	d := r.decide(r.backends.Snapshot(), r.backends.Stale(), c, client)
+	if d.Reason != Forwarded {
+		return d, hdr
+	}
+	out, err := r.enc.AppendHeader(hdr, client, local)
+	if err != nil {
+		return Decision{Reason: Malformed, Class: c, Err: err}, hdr
+	}
+	return d, out
+}
+
+// decide is SPEC.md's routing table. It reads like the table: established
+// sessions by their CID's ordinal (never re-hashed), new ones by HRW over
+// ready backends.
+func (r *Router) decide(snap *registry.Snapshot, stale bool, c Class, client netip.AddrPort) Decision {
+	d := Decision{Class: c}
+	switch c.Kind {
+	case KindEstablished:
+		if len(c.ID) != r.codec.Len() {
+			d.Reason = UnknownOrdinal // a server CID always has the service's length
+			return d
+		}
+		ord, routable := r.codec.Ordinal(c.ID)
+		if !routable {
+			// QUIC-LB "unroutable": the draft's fallback hashes the client.
+			return r.pick(d, snap, false, nil, client)
+		}
+		return r.serving(d, snap, ord)
+	case KindNew:
+		if len(c.ID) == r.codec.Len() {
+			// A QUIC Initial or 0-RTT packet that already carries the
+			// server's CID goes on to the backend it names.
+			if ord, ok := r.codec.Ordinal(c.ID); ok {
+				if b, ok := snap.Serving(ord); ok {
+					d.Backend, d.Ordinal = b.Addr, b.Ordinal
+					return d
+				}
+			}
+		}
+		return r.pick(d, snap, stale, c.ID, client)
+	}
+	d.Reason = Malformed
+	return d
+}
+
+// serving routes to the backend of ordinal when it still serves sessions.
+func (r *Router) serving(d Decision, snap *registry.Snapshot, ord uint8) Decision {
+	b, ok := snap.Backend(ord) // 255 is never in a snapshot
+	switch {
+	case !ok:
+		d.Reason = UnknownOrdinal
+	case b.State == registry.Gone:
+		d.Reason = NotServing
+	default:
+		d.Backend, d.Ordinal = b.Addr, b.Ordinal
+	}
+	return d
+}
+
+// pick chooses a ready backend for a new session by HRW: over key when the
+// classifier gave one (a QUIC DCID), else over client and service address.
+func (r *Router) pick(d Decision, snap *registry.Snapshot, stale bool, key []byte, client netip.AddrPort) Decision {
+	if stale {
+		d.Reason = StaleRegistry
+		return d
+	}
+	var b *registry.Backend
+	var ok bool
+	if key != nil {
+		b, ok = snap.PickNew(key)
+	} else {
+		b, ok = snap.PickNewAddrs(client, r.service)
+	}
+	if !ok {
+		d.Reason = NoReadyBackend
+		return d
+	}
+	d.Backend, d.Ordinal = b.Addr, b.Ordinal
+	return d
+}
+
+// unmap returns a with an IPv4-mapped IPv6 address in its IPv4 form, the
+// form sockets, registry and PPv2 decoding report.
+func unmap(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}

@@ -1,0 +1,68 @@
+package cidroute
+
+import "sync/atomic"
+
+// Counters account for every datagram of one service and direction:
+// Received = Forwarded + Σ Dropped, once the pipeline is quiescent.
+type Counters struct {
+	Received  uint64
+	Forwarded uint64
+	Dropped   [NumReasons]uint64 // indexed by Reason; Dropped[Forwarded] is 0
+}
+
+// DroppedTotal is Σ Dropped.
+func (c *Counters) DroppedTotal() uint64 {
+	var t uint64
+	for _, n := range c.Dropped {
+		t += n
+	}
+	return t
+}
+
+// Balanced reports whether every received datagram is accounted for.
+func (c *Counters) Balanced() bool { return c.Received == c.Forwarded+c.DroppedTotal() }
+
+func (c *Counters) add(o *Counters) {
+	c.Received += o.Received
+	c.Forwarded += o.Forwarded
+	for i, n := range o.Dropped {
+		c.Dropped[i] += n
+	}
+}
+
+// ServiceStats is a snapshot of one service's counters.
+type ServiceStats struct {
+	Name    string
+	Forward Counters // client → backend
+	Reverse Counters // backend → client
+}
+
+// liveCounters is one worker's counters for one direction. The worker adds
+// a whole batch at once; readers load them concurrently. Each worker owns
+// its own, so no cache line is shared between workers on the packet path.
+type liveCounters struct {
+	received, forwarded atomic.Uint64
+	dropped             [NumReasons]atomic.Uint64
+	_                   [64]byte // keep the next worker's counters off this line
+}
+
+func (l *liveCounters) flush(c *Counters) {
+	l.received.Add(c.Received)
+	if c.Forwarded != 0 {
+		l.forwarded.Add(c.Forwarded)
+	}
+	for i, n := range c.Dropped {
+		if n != 0 {
+			l.dropped[i].Add(n)
+		}
+	}
+	*c = Counters{}
+}
+
+func (l *liveCounters) load(c *Counters) {
+	c.Received += l.received.Load()
+	c.Forwarded += l.forwarded.Load()
+	for i := range l.dropped {
+		c.Dropped[i] += l.dropped[i].Load()
+	}
+}
