@@ -1,0 +1,114 @@
+package quic
+
+import "bytes"
+
+// Kind says how a datagram is routed.
+type Kind uint8
+
+const (
+	// KindNew: the first packet is an Initial or 0-RTT packet (or a long
+	// header of a version this package does not know). Route it to the
+	// backend its DCID names when the DCID is a server CID that decodes to
+	// a serving ordinal, else by hashing the DCID, which every Initial and
+	// 0-RTT packet of one connection attempt shares.
+	KindNew Kind = iota + 1
+	// KindEstablished: the first packet is a short header or Handshake
+	// packet, whose DCID the server chose: route by the ordinal in it.
+	KindEstablished
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindNew:
+		return "new"
+	case KindEstablished:
+		return "established"
+	}
+	return "invalid"
+}
+
+// Class is what Classify found in a datagram. DCID is a view into the
+// datagram, valid only while its buffer is.
+type Class struct {
+	Kind    Kind
+	Type    PacketType // type of the first packet
+	DCID    []byte     // DCID of the first packet, shared by all packets
+	Version uint32     // version of the first packet; 0 for a short header
+	Initial bool       // the datagram carries an Initial packet
+	ZeroRTT bool       // the datagram carries a 0-RTT packet
+	Packets int        // packets walked, padding not counted
+	Padding int        // trailing zero bytes after the last packet
+}
+
+// Classify walks the coalesced packets of a client datagram (RFC 9000
+// §12.2) and says how to route it. Short header DCIDs are serverCIDLen
+// bytes long. The first packet decides the kind; every later packet must
+// carry the same DCID. A long header of an unknown version is parsed by the
+// invariants only and is classified KindNew with its DCID: the backend
+// answers it with Version Negotiation.
+//
+// Bytes after the last long-header packet that are all zero are taken as
+// padding, not as a packet: some clients pad Initial datagrams that way
+// beyond the packet, and servers ignore them. Any other trailing bytes must
+// form a valid packet with the same DCID.
+//
+// Errors: ErrServerOnly for Version Negotiation and Retry, ErrDCIDMismatch,
+// ErrInitialSize for a v1/v2 Initial in a datagram under 1200 bytes, and the
+// errors of ParseHeader. On error the Class is zero.
+//
+// Classify does not allocate.
+func Classify(b []byte, serverCIDLen int) (Class, error) {
+	h, err := ParseHeader(b, serverCIDLen)
+	if err != nil {
+		return Class{}, err
+	}
+	c := Class{Type: h.Type, DCID: h.DCID, Version: h.Version}
+	switch h.Type {
+	case Initial, ZeroRTT, UnknownVersion:
+		c.Kind = KindNew
+	case Handshake, Short:
+		c.Kind = KindEstablished
+	default:
+		return Class{}, ErrServerOnly
+	}
+	off := 0
+	for {
+		c.Packets++
+		switch h.Type {
+		case Initial:
+			c.Initial = true
+		case ZeroRTT:
+			c.ZeroRTT = true
+		case Retry, VersionNegotiation:
+			return Class{}, ErrServerOnly
+		}
+		off += h.Len
+		if off >= len(b) {
+			break
+		}
+		rest := b[off:]
+		if allZero(rest) {
+			c.Padding = len(rest)
+			break
+		}
+		if h, err = ParseHeader(rest, serverCIDLen); err != nil {
+			return Class{}, err
+		}
+		if !bytes.Equal(h.DCID, c.DCID) {
+			return Class{}, ErrDCIDMismatch
+		}
+	}
+	if c.Initial && len(b) < MinInitialDatagram {
+		return Class{}, ErrInitialSize
+	}
+	return c, nil
+}
+
+func allZero(b []byte) bool {
+	for _, x := range b {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
