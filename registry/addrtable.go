@@ -17,11 +17,9 @@ type addrTable struct {
 	shift uint    // 64 - log2(len(slots))
 }
 
-// newAddrTable indexes the n serving backends of bs.
+// newAddrTable indexes the n serving backends of bs. Even an empty table
+// has slots, so that find needs no emptiness check.
 func newAddrTable(bs []Backend, n int) addrTable {
-	if n == 0 {
-		return addrTable{}
-	}
 	size := 8
 	for size < 4*n {
 		size <<= 1
@@ -35,7 +33,7 @@ func newAddrTable(bs []Backend, n int) addrTable {
 		if !b.State.Serving() {
 			continue
 		}
-		h := int(hashAddr(b.Addr) >> t.shift)
+		h := t.home(b.Addr)
 		for t.slots[h] != noIndex {
 			h = (h + 1) & mask
 		}
@@ -44,31 +42,30 @@ func newAddrTable(bs []Backend, n int) addrTable {
 	return t
 }
 
-// hashAddr mixes the 16-byte address and the port (not the zone: addresses
-// that differ only by zone share a chain and are told apart by ==). Only
-// the top bits are used.
-func hashAddr(ap netip.AddrPort) uint64 {
+// home returns the first slot to probe for ap: a multiplicative hash of the
+// 16-byte form and the port (not the zone: addresses that differ only by
+// zone share a chain and are told apart by ==). The 16-byte form of an
+// IPv4 address and of its IPv4-mapped twin are the same, so both start at
+// the same slot.
+func (t *addrTable) home(ap netip.AddrPort) int {
 	a := ap.Addr().As16()
-	hi := binary.BigEndian.Uint64(a[:8])
-	lo := binary.BigEndian.Uint64(a[8:])
 	p := uint64(ap.Port())
-	x := lo ^ p ^ p<<48 + hi*0xff51afd7ed558ccd
-	return x * 0x9e3779b97f4a7c15
+	x := binary.BigEndian.Uint64(a[8:]) ^ p ^ p<<48 + binary.BigEndian.Uint64(a[:8])*0xff51afd7ed558ccd
+	return int(x * 0x9e3779b97f4a7c15 >> t.shift)
 }
 
 // find returns the index in list of the serving backend at ap, or noIndex.
 func (t *addrTable) find(list []Backend, ap netip.AddrPort) uint8 {
-	if len(t.slots) == 0 {
-		return noIndex
-	}
+	mask := len(t.slots) - 1
+	h := t.home(ap)
 	if a := ap.Addr(); a.Is4In6() {
 		ap = netip.AddrPortFrom(a.Unmap(), ap.Port())
 	}
-	mask := len(t.slots) - 1
-	for h := int(hashAddr(ap) >> t.shift); ; h = (h + 1) & mask {
+	for {
 		i := t.slots[h]
 		if i == noIndex || list[i].Addr == ap {
 			return i
 		}
+		h = (h + 1) & mask
 	}
 }

@@ -65,7 +65,7 @@ func New(cfg Config) (*Registry, error) {
 	if r.now == nil {
 		r.now = time.Now
 	}
-	empty, err := newSnapshot(0, cfg.Seed, nil)
+	empty, err := newSnapshot(0, cfg.Seed, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +105,8 @@ func (r *Registry) Update(bs []Backend) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s, err := newSnapshot(r.cur.Load().version+1, r.cfg.Seed, norm)
+	prev := r.cur.Load()
+	s, err := newSnapshot(prev.version+1, r.cfg.Seed, norm, prev)
 	if err != nil {
 		r.rejections.Add(1)
 		return fmt.Errorf("registry %q: %w", r.cfg.Service, err)
@@ -144,7 +145,7 @@ func (r *Registry) confirmLocked() {
 func (r *Registry) checkFreshness() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed || r.stale.Load() {
+	if r.closed || r.stale.Load() || r.cfg.MaxAge == 0 {
 		return
 	}
 	age := r.now().Sub(r.confirmed)

@@ -17,16 +17,20 @@ const noIndex = 0xff
 // modified.
 type Snapshot struct {
 	version uint64
-	list    []Backend     // sorted by ordinal, normalized
-	byOrd   [256]uint8    // ordinal → index into list, noIndex if absent
-	pick    *hrw.Table    // over the ready backends; nil when there are none
-	addrs   addrTable     // serving backends by address
-	counts  [Gone + 1]int // backends by state
+	list    []Backend       // sorted by ordinal, normalized
+	byOrd   [256]uint8      // ordinal → index into list, noIndex if absent
+	pick    *hrw.Table      // over the ready backends; nil when there are none
+	ready   []hrw.Candidate // what pick was built from, sorted by ordinal
+	addrs   addrTable       // serving backends by address
+	counts  [Gone + 1]int   // backends by state
 }
 
 // newSnapshot builds a snapshot from a validated, normalized list; it takes
-// ownership of bs.
-func newSnapshot(version, seed uint64, bs []Backend) (*Snapshot, error) {
+// ownership of bs. The HRW table dominates the cost (milliseconds for
+// hundreds of backends), so it is taken over from prev when the ready
+// backends and their weights are the same, as they are when only draining
+// or gone backends, addresses, or nothing at all changed.
+func newSnapshot(version, seed uint64, bs []Backend, prev *Snapshot) (*Snapshot, error) {
 	slices.SortFunc(bs, func(a, b Backend) int { return int(a.Ordinal) - int(b.Ordinal) })
 	s := &Snapshot{version: version, list: bs}
 	for i := range s.byOrd {
@@ -44,7 +48,12 @@ func newSnapshot(version, seed uint64, bs []Backend) (*Snapshot, error) {
 			cands = append(cands, hrw.Candidate{Ordinal: b.Ordinal, Weight: b.Weight})
 		}
 	}
-	if len(cands) > 0 {
+	s.ready = cands
+	switch {
+	case len(cands) == 0:
+	case prev != nil && slices.Equal(prev.ready, cands):
+		s.pick = prev.pick
+	default:
 		t, err := hrw.New(seed, cands)
 		if err != nil {
 			return nil, fmt.Errorf("building the hrw table: %w", err)
