@@ -21,22 +21,28 @@
 // top 13 bits. The table stores one owner per bucket; Pick returns the owner
 // of the key's bucket.
 //
-// Owner of bucket j. Among the candidates with weight > 0, for each one
-// compute h = XXH64(be32(j) || ordinal, seed) (5 bytes: the bucket index as 4
-// bytes big-endian, then the ordinal byte) and L = negLog(h) below. The owner
-// is the candidate with the smallest L/weight, compared exactly as
-// L_a·w_b < L_b·w_a in 128-bit arithmetic; ties go to the lower ordinal.
-// Since L approximates -ln(u) for a uniform u, L/w is exponentially
-// distributed with rate w and each candidate wins a share weight/Σweight of
-// the buckets; a candidate's scores do not depend on the others, so removing
-// one moves only its buckets and adding one moves only the buckets it wins.
+// Owner of bucket j. For each candidate with weight w > 0 compute
+//
+//	h = XXH64(be32(j) || ordinal, seed)   (5 bytes: the bucket index as 4
+//	                                       bytes big-endian, the ordinal byte)
+//	L = negLog(h)                          (≈ -ln u for a uniform u, below)
+//	S = (L · floor((2^64-1)/w)) >> 64      (128-bit product; ≈ L/w)
+//
+// The owner is the candidate with the least S; ties go to the lower ordinal.
+// L/w is exponentially distributed with rate w, so a candidate owns a share
+// w/Σw of the buckets. A candidate's scores do not depend on the other
+// candidates: removing one moves only its buckets, adding one moves only the
+// buckets it now wins, and raising a weight only moves buckets to it.
 //
 // negLog(h), in units of 2^-57: let m = h|1, z = the number of leading zero
-// bits of m (0–63), d = 2^64 - (m<<z) as an integer in [1, 2^63], j = d>>53,
-// f = (d>>21) mod 2^32. With G = gTab (table.go: gTab[j] = round(2^32 ·
-// G(j/2048)) where G(y) = -ln(1-y)/y), g = gTab[j] + ((gTab[j+1]-gTab[j])·f
-// >> 32) and the result is z·99893036290645747 + ((d·g) >> 39), where d·g is
-// the full 128-bit product. (99893036290645747 = round(ln 2 · 2^57).)
+// bits of m (0–63), d = 2^64 - (m<<z) as an integer in [1, 2^63], i = d>>53
+// and f = (d>>21) mod 2^32. With gTab from table.go (gTab[i] = round(2^32 ·
+// G(i/2048)) where G(y) = -ln(1-y)/y), let g = gTab[i] + (((gTab[i+1] -
+// gTab[i]) · f) >> 32); then negLog(h) = z·99893036290645747 + ((d·g) >>
+// 39), with d·g the full 128-bit product and 99893036290645747 = round(ln 2
+// · 2^57). This is -ln(2^-z · (1-y)) for y = d/2^64, computed as z·ln 2 +
+// y·G(y) so that small y, where the winning scores lie, keeps its relative
+// precision (about 1e-7).
 //
 // Bucket granularity is 1/8192 of the key space, so shares are accurate to
 // well under a percentage point for a few backends; with 254 backends each

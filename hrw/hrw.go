@@ -77,17 +77,48 @@ func New(seed uint64, cands []Candidate) (*Table, error) {
 		}
 		seen[c.Ordinal] = true
 		if c.Weight > 0 {
-			act = append(act, active{ord: c.Ordinal, w: uint64(c.Weight), mix: uint64(c.Ordinal) * prime5})
+			act = append(act, newActive(c))
 		}
 	}
 	slices.SortFunc(act, func(a, b active) int { return int(a.ord) - int(b.ord) })
 	t := &Table{seed: seed, n: len(act)}
-	if len(act) > 0 {
-		for j := range Buckets {
-			t.owner[j] = act[bestOf(bucketPrefix(seed, uint32(j)), act)].ord
+	t.fill(act)
+	return t, nil
+}
+
+// fillBlock is how many buckets fill scores at a time; its state stays in
+// L1 cache.
+const fillBlock = 512
+
+// fill sets every bucket's owner to the candidate in act (sorted by ordinal)
+// with the least score. Scanning candidates in ordinal order and replacing
+// only on a strictly smaller score gives ties to the lower ordinal.
+func (t *Table) fill(act []active) {
+	var (
+		hb   [fillBlock]uint64 // XXH64 prefix per bucket
+		best [fillBlock]uint64 // least score so far per bucket
+		pass [fillBlock]uint16 // buckets where a candidate passes prune
+	)
+	for b0 := 0; b0 < Buckets && len(act) > 0; b0 += fillBlock {
+		for j := range hb {
+			hb[j] = bucketPrefix(t.seed, uint32(b0+j))
+			best[j] = 1<<64 - 1 // above any score
+		}
+		own := (*[fillBlock]uint8)(t.owner[b0 : b0+fillBlock])
+		for i := range act {
+			mix, r, ord := act[i].mix, act[i].r, act[i].ord
+			// Most candidates lose on the bound -ln u ≥ 1-u, which negLog
+			// respects: a cheap test, rarely passed. The call to negLog
+			// stays out of this loop so that it keeps its registers.
+			n := prune(&hb, &best, &pass, mix, r)
+			for _, j := range pass[:n] {
+				j &= fillBlock - 1
+				if s, _ := bits.Mul64(negLog(finish(hb[j], mix)), r); s < best[j] {
+					best[j], own[j] = s, ord
+				}
+			}
 		}
 	}
-	return t, nil
 }
 
 // Len returns the number of candidates with a weight above zero.
@@ -126,11 +157,33 @@ func AppendAddr(dst []byte, a netip.AddrPort) []byte {
 	return append(append(dst, ip[:]...), byte(p>>8), byte(p))
 }
 
+// prune stores in pass the buckets j where the candidate (mix, r) passes
+// the lower bound: hi64((2^64 - (h|1))>>7 · r) < best[j], h its hash there,
+// and returns how many. It is the hot loop of New, kept apart so that its
+// values stay in registers.
+//
+//go:noinline
+func prune(hb, best *[fillBlock]uint64, pass *[fillBlock]uint16, mix, r uint64) int {
+	n := 0
+	for j := range hb {
+		h := finish(hb[j], mix)
+		if lb, _ := bits.Mul64(-(h|1)>>7, r); lb < best[j] {
+			pass[n&(fillBlock-1)] = uint16(j)
+			n++
+		}
+	}
+	return n
+}
+
 // active is a candidate with weight > 0, prepared for scoring.
 type active struct {
 	ord uint8
-	w   uint64
-	mix uint64 // ord · prime5, XXH64's per-byte step
+	mix uint64 // ord · prime5, XXH64's step for the last input byte
+	r   uint64 // floor((2^64-1) / weight)
+}
+
+func newActive(c Candidate) active {
+	return active{ord: c.Ordinal, mix: uint64(c.Ordinal) * prime5, r: (1<<64 - 1) / uint64(c.Weight)}
 }
 
 // bucketPrefix returns XXH64's state, with seed, after the 4-byte chunk of
@@ -153,42 +206,11 @@ func finish(h, mix uint64) uint64 {
 	return h
 }
 
-// bestOf returns the index in act (sorted by ordinal) of the winner for the
-// bucket whose XXH64 prefix is hb.
-func bestOf(hb uint64, act []active) int {
-	best := 0
-	bestL := negLog(finish(hb, act[0].mix))
-	bestW := act[0].w
-	for i := 1; i < len(act); i++ {
-		c := &act[i]
-		h := finish(hb, c.mix)
-		// Cheap bound first: negLog(h) ≥ lower(h). Most candidates lose here.
-		if !beats(lower(h), c.w, bestL, bestW) {
-			continue
-		}
-		l := negLog(h)
-		if beats(l, c.w, bestL, bestW) {
-			best, bestL, bestW = i, l, c.w
-		}
-	}
-	return best
-}
-
-// beats reports whether score la/wa is strictly below lb/wb, that is
-// la·wb < lb·wa in exact 128-bit arithmetic. Ties keep the earlier (lower
-// ordinal) candidate.
-func beats(la, wa, lb, wb uint64) bool {
-	h1, l1 := bits.Mul64(la, wb)
-	h2, l2 := bits.Mul64(lb, wa)
-	return h1 < h2 || h1 == h2 && l1 < l2
-}
-
-// lower returns a lower bound of negLog(h): lz·ln2 + y (since G ≥ 1).
-func lower(h uint64) uint64 {
-	m := h | 1
-	lz := bits.LeadingZeros64(m)
-	d := -(m << lz)
-	return uint64(lz)*ln2Fix + d>>7
+// score returns the weighted score of hash h for a candidate with
+// reciprocal weight r: hi64(negLog(h) · r) ≈ -ln(u)/weight · 2^57.
+func score(h, r uint64) uint64 {
+	s, _ := bits.Mul64(negLog(h), r)
+	return s
 }
 
 // negLog returns -ln(u) in units of 2^-57 for the uniform variate encoded by

@@ -1,0 +1,293 @@
+package hrw
+
+import (
+	"encoding/binary"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// refOwner is the owner of bucket j computed straight from the package doc,
+// with the xxhash package doing the hashing and exact 128-bit comparison of
+// L_a·w_b against L_b·w_a (equivalent to comparing S up to its rounding;
+// see TestReciprocalMatchesExact).
+func refOwner(seed uint64, j uint32, cands []Candidate) (uint8, bool) {
+	var (
+		best   uint8
+		bestS  uint64
+		found  bool
+		buf    [5]byte
+		digest xxhash.Digest
+	)
+	binary.BigEndian.PutUint32(buf[:], j)
+	for _, c := range cands {
+		if c.Weight == 0 {
+			continue
+		}
+		buf[4] = c.Ordinal
+		digest.ResetWithSeed(seed)
+		digest.Write(buf[:])
+		s := score(digest.Sum64(), (1<<64-1)/uint64(c.Weight))
+		if !found || s < bestS || s == bestS && c.Ordinal < best {
+			best, bestS, found = c.Ordinal, s, true
+		}
+	}
+	return best, found
+}
+
+// refPick is Pick computed from the package doc.
+func refPick(seed uint64, key []byte, cands []Candidate) (uint8, bool) {
+	d := xxhash.NewWithSeed(seed)
+	d.Write(key)
+	return refOwner(seed, uint32(d.Sum64()>>(64-BucketBits)), cands)
+}
+
+func mustNew(t testing.TB, seed uint64, cands []Candidate) *Table {
+	t.Helper()
+	tb, err := New(seed, cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+// testKeys returns n distinct pseudo-random 16-byte keys.
+func testKeys(n int) [][]byte {
+	r := rand.New(rand.NewPCG(1, 2))
+	keys := make([][]byte, n)
+	for i := range keys {
+		k := make([]byte, 16)
+		binary.BigEndian.PutUint64(k, r.Uint64())
+		binary.BigEndian.PutUint64(k[8:], uint64(i))
+		keys[i] = k
+	}
+	return keys
+}
+
+func picks(t testing.TB, tb *Table, keys [][]byte) []uint8 {
+	t.Helper()
+	out := make([]uint8, len(keys))
+	for i, k := range keys {
+		o, ok := tb.Pick(k)
+		if !ok {
+			t.Fatalf("Pick(%x): not ok", k)
+		}
+		out[i] = o
+	}
+	return out
+}
+
+func TestTableMatchesReference(t *testing.T) {
+	sets := []struct {
+		seed  uint64
+		cands []Candidate
+		step  int // check every step-th bucket
+	}{
+		{0, []Candidate{{0, 1}}, 1},
+		{1, []Candidate{{2, 3}, {0, 1}, {1, 2}}, 1},
+		{0xfeedface, []Candidate{{7, 1}, {200, math.MaxUint32}, {3, 0}, {254, 1000}}, 1},
+		{42, []Candidate{{5, math.MaxUint32}, {6, math.MaxUint32}, {9, math.MaxUint32 - 1}}, 1},
+		{math.MaxUint64, mixedCands(32), 1},
+		{3, mixedCands(254), 61},
+	}
+	for i, s := range sets {
+		tb := mustNew(t, s.seed, s.cands)
+		for j := 0; j < Buckets; j += s.step {
+			want, _ := refOwner(s.seed, uint32(j), s.cands)
+			if got := tb.owner[j]; got != want {
+				t.Fatalf("set %d bucket %d: owner %d, want %d", i, j, got, want)
+			}
+		}
+	}
+}
+
+// TestReciprocalMatchesExact checks that ranking by S agrees with the exact
+// comparison L_a·w_b < L_b·w_a whenever the two differ by more than S's
+// rounding, i.e. the reciprocal costs no accuracy that matters.
+func TestReciprocalMatchesExact(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 200000 {
+		ha, hb := r.Uint64(), r.Uint64()
+		wa, wb := uint64(r.Uint32()|1), uint64(1+r.IntN(10))
+		if r.IntN(2) == 0 {
+			wa = uint64(1 + r.IntN(10))
+		}
+		la, lb := negLog(ha), negLog(hb)
+		sa, sb := score(ha, (1<<64-1)/wa), score(hb, (1<<64-1)/wb)
+		h1, l1 := bits.Mul64(la, wb)
+		h2, l2 := bits.Mul64(lb, wa)
+		exact := h1 < h2 || h1 == h2 && l1 < l2
+		if (sa < sb) != exact && sa != sb && sa+1 != sb && sb+1 != sa {
+			t.Fatalf("h %x/%x w %d/%d: S %d vs %d, exact less %v", ha, hb, wa, wb, sa, sb, exact)
+		}
+	}
+}
+
+func TestPickMatchesReference(t *testing.T) {
+	cands := []Candidate{{4, 10}, {1, 20}, {9, 5}, {30, 0}}
+	tb := mustNew(t, 99, cands)
+	for _, k := range testKeys(2000) {
+		got, ok := tb.Pick(k)
+		want, _ := refPick(99, k, cands)
+		if !ok || got != want {
+			t.Fatalf("Pick(%x) = %d, want %d", k, got, want)
+		}
+	}
+}
+
+func shares(p []uint8) map[uint8]float64 {
+	m := map[uint8]float64{}
+	for _, o := range p {
+		m[o] += 1 / float64(len(p))
+	}
+	return m
+}
+
+func TestWeightShares(t *testing.T) {
+	keys := testKeys(100000)
+	for _, seed := range []uint64{0, 1, 0xabcdef} {
+		tb := mustNew(t, seed, []Candidate{{0, 1}, {1, 2}, {2, 3}})
+		sh := shares(picks(t, tb, keys))
+		for o, want := range map[uint8]float64{0: 1. / 6, 1: 2. / 6, 2: 3. / 6} {
+			if d := sh[o] - want; math.Abs(d) > 0.02 {
+				t.Errorf("seed %d: ordinal %d share %.4f, want %.4f ± 0.02", seed, o, sh[o], want)
+			}
+		}
+	}
+	// Large weights behave like small ones: no cost and no bias per unit.
+	tb := mustNew(t, 5, []Candidate{{0, 1_000_000}, {1, 2_000_000}, {2, 3_000_000}})
+	sh := shares(picks(t, tb, keys))
+	if math.Abs(sh[2]-0.5) > 0.02 {
+		t.Errorf("weights ×1e6: share of 2 = %.4f", sh[2])
+	}
+}
+
+func TestRemoveMovesOnlyItsKeys(t *testing.T) {
+	keys := testKeys(100000)
+	cands := mixedCands(10)
+	before := picks(t, mustNew(t, 8, cands), keys)
+	for _, gone := range []int{0, 4, 9} {
+		rest := append(append([]Candidate(nil), cands[:gone]...), cands[gone+1:]...)
+		after := picks(t, mustNew(t, 8, rest), keys)
+		moved := 0
+		for i := range keys {
+			switch {
+			case before[i] == uint8(gone):
+				if after[i] == uint8(gone) {
+					t.Fatalf("key %d still on removed %d", i, gone)
+				}
+				moved++
+			case after[i] != before[i]:
+				t.Fatalf("key %d moved %d → %d though %d was removed", i, before[i], after[i], gone)
+			}
+		}
+		if moved == 0 {
+			t.Fatalf("no key was on %d", gone)
+		}
+	}
+}
+
+// TestAddMovesItsShare: adding a candidate moves keys only to it, and about
+// w_new/Σw of them: within 1.5 percentage points over 100k keys (the bucket
+// count alone gives a standard deviation of about 0.3 points).
+func TestAddMovesItsShare(t *testing.T) {
+	keys := testKeys(100000)
+	for _, n := range []int{1, 4, 10, 40} {
+		cands := make([]Candidate, n)
+		for i := range cands {
+			cands[i] = Candidate{Ordinal: uint8(i), Weight: 1}
+		}
+		before := picks(t, mustNew(t, 11, cands), keys)
+		added := uint8(n + 50)
+		after := picks(t, mustNew(t, 11, append(cands, Candidate{Ordinal: added, Weight: 1})), keys)
+		moved := 0
+		for i := range keys {
+			if after[i] != before[i] {
+				if after[i] != added {
+					t.Fatalf("N=%d: key %d moved %d → %d, not to the added %d", n, i, before[i], after[i], added)
+				}
+				moved++
+			}
+		}
+		frac, want := float64(moved)/float64(len(keys)), 1/float64(n+1)
+		if math.Abs(frac-want) > 0.015 {
+			t.Errorf("N=%d: adding one moved %.4f of keys, want %.4f ± 0.015", n, frac, want)
+		}
+	}
+}
+
+func TestRaiseWeightMovesKeysToIt(t *testing.T) {
+	keys := testKeys(20000)
+	cands := mixedCands(8)
+	before := picks(t, mustNew(t, 12, cands), keys)
+	cands[3].Weight *= 3
+	after := picks(t, mustNew(t, 12, cands), keys)
+	for i := range keys {
+		if after[i] != before[i] && after[i] != 3 {
+			t.Fatalf("key %d moved %d → %d when only 3 got heavier", i, before[i], after[i])
+		}
+	}
+}
+
+func TestIndependentTablesAgree(t *testing.T) {
+	keys := testKeys(100000)
+	cands := mixedCands(254)
+	a := mustNew(t, 77, cands)
+	rev := make([]Candidate, 0, len(cands)+3)
+	for i := len(cands) - 1; i >= 0; i-- {
+		rev = append(rev, cands[i])
+	}
+	b := mustNew(t, 77, rev) // another object, candidates in another order
+	if a == b || a.owner != b.owner {
+		t.Fatal("tables differ")
+	}
+	pa, pb := picks(t, a, keys), picks(t, b, keys)
+	for i := range keys {
+		if pa[i] != pb[i] {
+			t.Fatalf("key %d: %d vs %d", i, pa[i], pb[i])
+		}
+	}
+	// A zero-weight candidate is the same as no candidate.
+	c := mustNew(t, 77, append(rev[:len(rev):len(rev)], Candidate{Ordinal: 254, Weight: 0}))
+	if c.owner != a.owner || c.Len() != 254 {
+		t.Fatal("zero-weight candidate changed the table")
+	}
+}
+
+func TestSeedChangesMapping(t *testing.T) {
+	keys := testKeys(20000)
+	cands := mixedCands(16)
+	a := picks(t, mustNew(t, 1, cands), keys)
+	b := picks(t, mustNew(t, 2, cands), keys)
+	same := 0
+	for i := range keys {
+		if a[i] == b[i] {
+			same++
+		}
+	}
+	// Independent mappings agree on Σ share² ≈ 7 % of keys here.
+	if f := float64(same) / float64(len(keys)); f > 0.15 {
+		t.Fatalf("seeds 1 and 2 agree on %.3f of keys", f)
+	}
+}
+
+func TestEveryCandidateGetsBuckets(t *testing.T) {
+	tb := mustNew(t, 13, mixedCands(254))
+	var count [256]int
+	for _, o := range tb.owner {
+		count[o]++
+	}
+	for o := range 254 {
+		// Expected Buckets·w/Σw ≥ 8192/635 ≈ 13 for weight 1.
+		if count[o] == 0 {
+			t.Errorf("ordinal %d owns no bucket", o)
+		}
+	}
+	if count[254] != 0 || count[255] != 0 {
+		t.Fatal("absent ordinals own buckets")
+	}
+}
+
