@@ -290,4 +290,3 @@ func TestEveryCandidateGetsBuckets(t *testing.T) {
 		t.Fatal("absent ordinals own buckets")
 	}
 }
-
