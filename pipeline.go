@@ -18,13 +18,16 @@ import (
 type Service struct {
 	// Name labels the service in metrics and logs.
 	Name string
-	// Listen is the service's public address, where clients send. A
-	// wildcard address listens on every local address; replies then leave
-	// from the address each client used. The HRW key of new DTLS sessions
-	// includes it, so all replicas must be configured alike.
+	// Listen is the address the service's sockets bind, where clients
+	// send. A wildcard address listens on every local address.
 	Listen netip.AddrPort
-	// Router fields: Protocol, Codec or CIDLen, Classifier, Backends,
-	// Encoder. Service is ignored (Listen is used).
+	// RouterConfig holds the routing fields: Protocol, Codec or CIDLen,
+	// Classifier, Backends, Encoder, and Service, the public address
+	// (zero means Listen). The public address is in the HRW key of new
+	// DTLS sessions, so all replicas must be configured with the same one:
+	// behind a load balancer, the VIP. When it is a wildcard, the PPv2
+	// destination is the address each datagram was sent to, and replies
+	// leave from it.
 	RouterConfig
 	// Limits are the admission limits (all off by default).
 	Limits Limits
@@ -70,9 +73,12 @@ type Pipeline struct {
 }
 
 type service struct {
-	cfg      Service
-	router   *Router
-	wildcard bool
+	cfg    Service
+	router *Router
+	// measured: the public address is a wildcard, so each datagram's
+	// measured destination stands in for it (PPv2 destination, reply
+	// source).
+	measured bool
 	workers  []*worker
 }
 
@@ -123,13 +129,16 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 		return nil, fmt.Errorf("workers %d: %w", sc.Workers, ErrConfig)
 	}
 	rc := sc.RouterConfig
-	rc.Service = sc.Listen
+	if !rc.Service.IsValid() {
+		rc.Service = sc.Listen
+	}
 	r, err := NewRouter(rc)
 	if err != nil {
 		return nil, err
 	}
-	s := &service{cfg: sc, router: r, wildcard: sc.Listen.Addr().IsUnspecified()}
-	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer, PacketInfo: s.wildcard}
+	s := &service{cfg: sc, router: r, measured: r.service.Addr().IsUnspecified()}
+	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer,
+		PacketInfo: s.measured && sc.Listen.Addr().IsUnspecified()}
 	network := "udp4"
 	if sc.Listen.Addr().Is6() {
 		network = "udp6"
@@ -151,9 +160,12 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 		}
 		s.workers = append(s.workers, w)
 	}
-	if s.cfg.Listen.Port() == 0 { // learn the port the kernel picked
-		s.cfg.Listen = netip.AddrPortFrom(s.cfg.Listen.Addr(), group[0].LocalAddr().(*net.UDPAddr).AddrPort().Port())
-		s.router.service = unmap(s.cfg.Listen)
+	if port := group[0].LocalAddr().(*net.UDPAddr).AddrPort().Port(); s.cfg.Listen.Port() == 0 {
+		// Learn the port the kernel picked.
+		s.cfg.Listen = netip.AddrPortFrom(s.cfg.Listen.Addr(), port)
+		if s.router.service.Port() == 0 {
+			s.router.service = netip.AddrPortFrom(s.router.service.Addr(), port)
+		}
 	}
 	return s, nil
 }

@@ -121,7 +121,7 @@ func (w *worker) forward(m, o *udpio.Message, snap *registry.Snapshot, stale boo
 		return d.Reason
 	}
 	service := r.service
-	if w.svc.wildcard && m.Local.IsValid() {
+	if w.svc.measured && m.Local.IsValid() {
 		service = netip.AddrPortFrom(m.Local, service.Port())
 	}
 	hdr, err := r.enc.AppendHeader(o.Prefix[:0], m.Addr, service)
@@ -180,17 +180,17 @@ func (w *worker) reverse(m, o *udpio.Message, snap *registry.Snapshot) Reason {
 		return BadDestination
 	}
 	o.Prefix, o.Buf, o.Addr, o.Local = nil, b[off:], client, netip.Addr{}
-	if w.svc.wildcard {
+	if w.svc.measured {
 		o.Local = h.Src.Addr().Unmap() // leave from the address the client used
 	}
 	return Forwarded
 }
 
-// isServiceAddr reports whether a is the service's public address; with a
-// wildcard listener, any unicast address on the service's port.
+// isServiceAddr reports whether a is the service's public address; when
+// that is a wildcard, any unicast address on the service's port.
 func (s *service) isServiceAddr(a netip.AddrPort) bool {
 	l := s.router.service
-	if !s.wildcard {
+	if !s.measured {
 		return a == l
 	}
 	ip := a.Addr()
@@ -210,16 +210,18 @@ func (s *service) validClient(a netip.AddrPort) bool {
 	case ip.IsLoopback() && !s.router.service.Addr().IsLoopback():
 		return false
 	}
-	// The proxy's own sockets: the service address and the upstream ports.
-	own := ip.IsLoopback() || ip == s.router.service.Addr()
-	if own && a.Port() == s.router.service.Port() {
+	// The proxy's own sockets: the service's ports and the upstream ports,
+	// on loopback or on the service's own addresses.
+	own := ip.IsLoopback() || ip == s.router.service.Addr() || ip == s.cfg.Listen.Addr()
+	if !own {
+		return true
+	}
+	if a.Port() == s.router.service.Port() || a.Port() == s.cfg.Listen.Port() {
 		return false
 	}
-	if own {
-		for _, w := range s.workers {
-			if a.Port() == w.upPort {
-				return false
-			}
+	for _, w := range s.workers {
+		if a.Port() == w.upPort {
+			return false
 		}
 	}
 	return true

@@ -1,0 +1,266 @@
+package cidroute
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/ppv2"
+	"github.com/cidroute/cidroute/quic"
+	"github.com/cidroute/cidroute/registry"
+)
+
+var (
+	svcAddr = netip.MustParseAddrPort("192.0.2.1:5684")
+	client1 = netip.MustParseAddrPort("198.51.100.7:40000")
+)
+
+func dtlsRouter(t testing.TB, reg Backends) *Router {
+	t.Helper()
+	r, err := NewRouter(RouterConfig{Protocol: DTLS, Service: svcAddr, Backends: reg})
+	require.NoError(t, err)
+	return r
+}
+
+func quicRouter(t testing.TB, reg Backends) *Router {
+	t.Helper()
+	r, err := NewRouter(RouterConfig{Protocol: QUIC, Service: svcAddr, Backends: reg})
+	require.NoError(t, err)
+	return r
+}
+
+func threeBackends(t testing.TB) *registry.Registry {
+	return newRegistry(t, 7,
+		backend(0, "10.0.0.10:5684", registry.Ready),
+		backend(1, "10.0.0.11:5684", registry.Draining),
+		backend(2, "10.0.0.12:5684", registry.Gone),
+		backend(3, "10.0.0.13:5684", registry.Ready),
+	)
+}
+
+// TestRouteTable walks SPEC.md's routing table row by row.
+func TestRouteTable(t *testing.T) {
+	reg := threeBackends(t)
+	dr, qr := dtlsRouter(t, reg), quicRouter(t, reg)
+	dc, qc := dr.Codec(), qr.Codec()
+	reserved := ordinalCID(t, dc, 0)
+	reserved[0] = 255
+	qReserved := ordinalCID(t, qc, 0)
+	qReserved[1] = 255
+	unroutable := ordinalCID(t, qc, 0)
+	unroutable[0] |= 0xe0
+	ready := []uint8{0, 3}
+
+	for _, tc := range []struct {
+		name   string
+		r      *Router
+		b      []byte
+		reason Reason
+		ord    int // -1: any ready backend (HRW)
+	}{
+		{"dtls cid ready", dr, dtlsCIDRecord(ordinalCID(t, dc, 0), 1, []byte("x")), Forwarded, 0},
+		{"dtls cid draining keeps its session", dr, dtlsCIDRecord(ordinalCID(t, dc, 1), 1, []byte("x")), Forwarded, 1},
+		{"dtls cid gone", dr, dtlsCIDRecord(ordinalCID(t, dc, 2), 1, []byte("x")), NotServing, 0},
+		{"dtls cid unknown ordinal", dr, dtlsCIDRecord(ordinalCID(t, dc, 9), 1, []byte("x")), UnknownOrdinal, 0},
+		{"dtls cid reserved ordinal", dr, dtlsCIDRecord(reserved, 1, []byte("x")), UnknownOrdinal, 0},
+		{"dtls flight 5: cid record after plain ones", dr, append(append(dtlsClientHello(1)[:0:0], dtlsClientHello(1)...), dtlsCIDRecord(ordinalCID(t, dc, 3), 1, []byte("fin"))...), Forwarded, 3},
+		{"dtls client hello", dr, dtlsClientHello(1), Forwarded, -1},
+		{"dtls garbage", dr, []byte{1, 2, 3}, Malformed, 0},
+		{"dtls truncated cid record", dr, dtlsCIDRecord(ordinalCID(t, dc, 0), 1, []byte("xyz"))[:20], Malformed, 0},
+		{"quic short ready", qr, quicShort(ordinalCID(t, qc, 3)), Forwarded, 3},
+		{"quic short draining", qr, quicShort(ordinalCID(t, qc, 1)), Forwarded, 1},
+		{"quic short gone", qr, quicShort(ordinalCID(t, qc, 2)), NotServing, 0},
+		{"quic short unknown", qr, quicShort(ordinalCID(t, qc, 200)), UnknownOrdinal, 0},
+		{"quic short reserved", qr, quicShort(qReserved), UnknownOrdinal, 0},
+		{"quic short unroutable: hash the client", qr, quicShort(unroutable), Forwarded, -1},
+		{"quic handshake", qr, quicLong(2, ordinalCID(t, qc, 0), []byte{1, 2, 3, 4, 5, 6, 7, 8}, 0), Forwarded, 0},
+		{"quic initial, client dcid", qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200), Forwarded, -1},
+		{"quic initial, server cid", qr, quicLong(0, ordinalCID(t, qc, 1), nil, 1200), Forwarded, 1},
+		{"quic initial, server-length cid of gone ordinal: hashed", qr, quicLong(0, ordinalCID(t, qc, 2), nil, 1200), Forwarded, -1},
+		{"quic 0-rtt", qr, quicLong(1, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 0), Forwarded, -1},
+		{"quic initial too small", qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 0), Malformed, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, hdr := tc.r.Route(make([]byte, 0, 64), tc.b, client1)
+			require.Equal(t, tc.reason, d.Reason, "err %v", d.Err)
+			if tc.reason != Forwarded {
+				assert.Empty(t, hdr)
+				return
+			}
+			switch tc.ord {
+			case -1:
+				assert.Contains(t, ready, d.Ordinal, "new sessions go to ready backends only")
+			default:
+				assert.Equal(t, uint8(tc.ord), d.Ordinal)
+			}
+			b, ok := reg.Snapshot().Backend(d.Ordinal)
+			require.True(t, ok)
+			assert.Equal(t, b.Addr, d.Backend)
+			h, off, err := ppv2.Parse(hdr)
+			require.NoError(t, err)
+			assert.Equal(t, len(hdr), off)
+			assert.Equal(t, client1, h.Src)
+			assert.Equal(t, svcAddr, h.Dst)
+		})
+	}
+}
+
+func TestRouteNewSessions(t *testing.T) {
+	t.Run("stale registry refuses new sessions only", func(t *testing.T) {
+		reg := &staleBackends{threeBackends(t)}
+		dr := dtlsRouter(t, reg)
+		d, _ := dr.Route(nil, dtlsClientHello(1), client1)
+		assert.Equal(t, StaleRegistry, d.Reason)
+		d, _ = dr.Route(nil, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 1), 1, []byte("x")), client1)
+		assert.Equal(t, Forwarded, d.Reason)
+		qr := quicRouter(t, reg)
+		d, _ = qr.Route(nil, quicLong(0, []byte{9, 9, 9, 9, 9, 9, 9, 9}, nil, 1200), client1)
+		assert.Equal(t, StaleRegistry, d.Reason)
+		d, _ = qr.Route(nil, quicShort(ordinalCID(t, qr.Codec(), 0)), client1)
+		assert.Equal(t, Forwarded, d.Reason)
+	})
+	t.Run("no ready backend", func(t *testing.T) {
+		reg := newRegistry(t, 1, backend(0, "10.0.0.1:1", registry.Draining))
+		d, _ := dtlsRouter(t, reg).Route(nil, dtlsClientHello(1), client1)
+		assert.Equal(t, NoReadyBackend, d.Reason)
+	})
+	t.Run("same client, same backend; the key is client and service", func(t *testing.T) {
+		reg := newRegistry(t, 3)
+		var bs []registry.Backend
+		for i := range 16 {
+			bs = append(bs, backend(uint8(i), fmt.Sprintf("10.0.0.%d:5684", i+1), registry.Ready))
+		}
+		require.NoError(t, reg.Update(bs))
+		dr := dtlsRouter(t, reg)
+		seen := map[uint8]bool{}
+		for port := range uint16(200) {
+			c := netip.AddrPortFrom(client1.Addr(), 30000+port)
+			d1, _ := dr.Route(nil, dtlsClientHello(1), c)
+			d2, _ := dr.Route(nil, dtlsClientHello(2), c) // the cookie round of the same handshake
+			require.Equal(t, d1.Ordinal, d2.Ordinal)
+			b, _ := reg.Snapshot().PickNewAddrs(c, svcAddr)
+			require.Equal(t, b.Ordinal, d1.Ordinal)
+			seen[d1.Ordinal] = true
+		}
+		assert.Greater(t, len(seen), 10, "200 clients spread over 16 backends")
+	})
+	t.Run("all Initials of one attempt agree", func(t *testing.T) {
+		reg := threeBackends(t)
+		qr := quicRouter(t, reg)
+		dcid := []byte{0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4}
+		d1, _ := qr.Route(nil, quicLong(0, dcid, []byte{1}, 1200), client1)
+		d2, _ := qr.Route(nil, quicLong(0, dcid, []byte{1}, 1300), netip.MustParseAddrPort("203.0.113.9:1"))
+		d3, _ := qr.Route(nil, quicLong(1, dcid, []byte{1}, 0), client1)
+		assert.Equal(t, d1.Ordinal, d2.Ordinal)
+		assert.Equal(t, d1.Ordinal, d3.Ordinal)
+	})
+}
+
+// TestReplicasAgree: two routers built independently from equal registries
+// make the same choice for every datagram.
+func TestReplicasAgree(t *testing.T) {
+	mk := func() *Router { return dtlsRouter(t, threeBackends(t)) }
+	a, b := mk(), mk()
+	for i := range 5000 {
+		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 1}), uint16(i))
+		da, _ := a.Route(nil, dtlsClientHello(byte(i)), c)
+		db, _ := b.Route(nil, dtlsClientHello(byte(i)), c)
+		require.Equal(t, da, db)
+	}
+}
+
+func TestRouterConfig(t *testing.T) {
+	reg := threeBackends(t)
+	for _, cfg := range []RouterConfig{
+		{Protocol: DTLS, Service: svcAddr},
+		{Protocol: DTLS, Backends: reg},
+		{Service: svcAddr, Backends: reg},
+		{Protocol: DTLS, Service: svcAddr, Backends: reg, CIDLen: 1000},
+		{Protocol: QUIC, Service: svcAddr, Backends: reg, CIDLen: 40},
+		{Protocol: DTLS, Service: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}, CIDLen: 6},
+	} {
+		_, err := NewRouter(cfg)
+		assert.ErrorIs(t, err, ErrConfig, "%+v", cfg)
+	}
+	r, err := NewRouter(RouterConfig{Protocol: QUIC, Service: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}})
+	require.NoError(t, err)
+	d, _ := r.Route(nil, quicShort(ordinalCID(t, r.Codec(), 3)), client1)
+	assert.Equal(t, uint8(3), d.Ordinal, "a QUIC service may use the ordinal-first codec")
+}
+
+func TestCustomClassifier(t *testing.T) {
+	reg := threeBackends(t)
+	errBad := errors.New("not mine")
+	r, err := NewRouter(RouterConfig{Service: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{},
+		Classifier: ClassifierFunc(func(b []byte) (Class, error) {
+			if len(b) < 9 || b[0] != 'C' {
+				return Class{}, errBad
+			}
+			return Class{Kind: KindEstablished, ID: b[1:9]}, nil
+		})})
+	require.NoError(t, err)
+	d, _ := r.Route(nil, append([]byte{'C'}, ordinalCID(t, r.Codec(), 3)...), client1)
+	assert.Equal(t, uint8(3), d.Ordinal)
+	d, _ = r.Route(nil, []byte("x"), client1)
+	assert.Equal(t, Malformed, d.Reason)
+	assert.ErrorIs(t, d.Err, errBad)
+}
+
+func TestRouteNoAllocs(t *testing.T) {
+	reg := threeBackends(t)
+	dr, qr := dtlsRouter(t, reg), quicRouter(t, reg)
+	hdr := make([]byte, 0, 64)
+	for name, tc := range map[string]struct {
+		r *Router
+		b []byte
+	}{
+		"dtls cid":     {dr, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 0), 1, make([]byte, 100))},
+		"client hello": {dr, dtlsClientHello(1)},
+		"quic short":   {qr, quicShort(ordinalCID(t, qr.Codec(), 3))},
+		"quic initial": {qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200)},
+		"malformed":    {dr, []byte{25, 0xfe}},
+	} {
+		if n := testing.AllocsPerRun(200, func() { tc.r.Route(hdr, tc.b, client1) }); n != 0 {
+			t.Errorf("%s: %v allocs per Route", name, n)
+		}
+	}
+}
+
+// staleBackends is a registry whose source stopped confirming.
+type staleBackends struct{ *registry.Registry }
+
+func (staleBackends) Stale() bool { return true }
+
+func BenchmarkRoute(b *testing.B) {
+	reg := threeBackends(b)
+	dr, qr := dtlsRouter(b, reg), quicRouter(b, reg)
+	for _, bc := range []struct {
+		name string
+		r    *Router
+		d    []byte
+	}{
+		{"dtls-cid", dr, dtlsCIDRecord(ordinalCID(b, dr.Codec(), 0), 1, make([]byte, 100))},
+		{"dtls-clienthello", dr, dtlsClientHello(1)},
+		{"quic-short", qr, quicShort(ordinalCID(b, qr.Codec(), 3))},
+		{"quic-initial", qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			hdr := make([]byte, 0, 64)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.d)))
+			for b.Loop() {
+				d, _ := bc.r.Route(hdr, bc.d, client1)
+				if d.Reason != Forwarded {
+					b.Fatal(d.Reason)
+				}
+			}
+		})
+	}
+}
+
+var _ = quic.Version1
