@@ -390,7 +390,12 @@ func TestServicesIsolated(t *testing.T) {
 
 func TestStats(t *testing.T) {
 	r, clk := newTestRegistry(t, time.Hour)
-	noErr(t, r.Update(gen(3)))
+	noErr(t, r.Update([]Backend{
+		{Ordinal: 0, Addr: ap("10.0.0.1:1")},
+		{Ordinal: 1, Addr: ap("10.0.0.2:1")},
+		{Ordinal: 2, Addr: ap("10.0.0.3:1"), State: Draining},
+		{Ordinal: 3, Addr: ap("10.0.0.4:1"), State: Gone},
+	}))
 	_ = r.Update([]Backend{{Ordinal: 255}})
 	r.Confirm()
 	clk.Add(time.Minute)
