@@ -1,0 +1,72 @@
+package quicgo
+
+import (
+	"errors"
+	"testing"
+
+	cidquic "github.com/cidroute/cidroute/quic"
+)
+
+// badCodec lets a test break one promise of the codec contract.
+type badCodec struct {
+	n       int
+	write   int
+	decode  uint8
+	failErr error
+}
+
+func (c badCodec) Len() int { return c.n }
+func (c badCodec) AppendCID(dst []byte, ordinal uint8) ([]byte, error) {
+	if c.failErr != nil {
+		return dst, c.failErr
+	}
+	return append(dst, make([]byte, c.write)...), nil
+}
+func (c badCodec) Ordinal([]byte) (uint8, bool) { return c.decode, true }
+
+func TestNewGenerator(t *testing.T) {
+	g, err := NewGenerator(nil, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.ConnectionIDLen() != 12 || g.Ordinal() != 5 {
+		t.Fatalf("len %d ordinal %d", g.ConnectionIDLen(), g.Ordinal())
+	}
+	seen := map[string]bool{}
+	for range 100 {
+		id, err := g.GenerateConnectionID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ord, ok := (cidquic.LB{}).Ordinal(id.Bytes()); !ok || ord != 5 || id.Len() != 12 {
+			t.Fatalf("%x decodes to %d, %v", id.Bytes(), ord, ok)
+		}
+		if seen[string(id.Bytes())] {
+			t.Fatal("repeated CID")
+		}
+		seen[string(id.Bytes())] = true
+	}
+
+	g, err = NewGenerator(cidquic.LB{Length: 20, ConfigID: 6, SelfEncodeLength: true}, 0)
+	if err != nil || g.ConnectionIDLen() != 20 {
+		t.Fatal(g, err)
+	}
+
+	for name, tc := range map[string]struct {
+		codec   Codec
+		ordinal uint8
+	}{
+		"ordinal 255":          {cidquic.LB{}, 255},
+		"bad LB config":        {cidquic.LB{ConfigID: 7}, 1},
+		"LB too long":          {cidquic.LB{Length: 21}, 1},
+		"length 0":             {badCodec{n: 0, write: 0, decode: 1}, 1},
+		"length 21":            {badCodec{n: 21, write: 21, decode: 1}, 1},
+		"writes the wrong len": {badCodec{n: 8, write: 9, decode: 1}, 1},
+		"does not decode back": {badCodec{n: 8, write: 8, decode: 2}, 1},
+		"AppendCID fails":      {badCodec{n: 8, failErr: errors.New("boom")}, 1},
+	} {
+		if _, err := NewGenerator(tc.codec, tc.ordinal); !errors.Is(err, ErrCodec) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
