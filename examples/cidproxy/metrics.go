@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/registry"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// collector turns the pipeline's counters and the registries' stats into
+// metrics at scrape time, so the packet path does no metrics work at all.
+type collector struct {
+	p *proxy
+}
+
+var (
+	descDatagrams = prometheus.NewDesc("cidroute_datagrams_total",
+		"Datagrams handled, by service, direction (forward: client to backend, reverse: backend to client), outcome and drop reason.",
+		[]string{"service", "direction", "outcome", "reason"}, nil)
+	descReceived = prometheus.NewDesc("cidroute_datagrams_received_total",
+		"Datagrams received, by service and direction; equals the sum of cidroute_datagrams_total over outcome and reason.",
+		[]string{"service", "direction"}, nil)
+	descBackends = prometheus.NewDesc("cidroute_registry_backends",
+		"Backends in the service's current registry snapshot, by state.",
+		[]string{"service", "state"}, nil)
+	descAge = prometheus.NewDesc("cidroute_registry_snapshot_age_seconds",
+		"Seconds since the backend source last published or confirmed the snapshot.",
+		[]string{"service"}, nil)
+	descStale = prometheus.NewDesc("cidroute_registry_stale",
+		"1 while the registry is stale (new sessions refused, CID sessions still routed), else 0.",
+		[]string{"service"}, nil)
+	descRejected = prometheus.NewDesc("cidroute_registry_rejected_updates_total",
+		"Backend lists the registry rejected (invalid, duplicate ordinals or addresses).",
+		[]string{"service"}, nil)
+	descVersion = prometheus.NewDesc("cidroute_registry_snapshot_version",
+		"Version of the current registry snapshot; it grows by one with each accepted update.",
+		[]string{"service"}, nil)
+)
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descBackends, descAge, descStale, descRejected, descVersion} {
+		ch <- d
+	}
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.p.pipe.Stats() {
+		for _, d := range []struct {
+			name string
+			c    *cidroute.Counters
+		}{{"forward", &s.Forward}, {"reverse", &s.Reverse}} {
+			ch <- prometheus.MustNewConstMetric(descReceived, prometheus.CounterValue, float64(d.c.Received), s.Name, d.name)
+			ch <- prometheus.MustNewConstMetric(descDatagrams, prometheus.CounterValue, float64(d.c.Forwarded), s.Name, d.name, "forwarded", "")
+			for r := cidroute.Reason(1); r < cidroute.NumReasons; r++ {
+				ch <- prometheus.MustNewConstMetric(descDatagrams, prometheus.CounterValue, float64(d.c.Dropped[r]), s.Name, d.name, "dropped", r.String())
+			}
+		}
+	}
+	for _, ps := range c.p.services {
+		st := ps.reg.Stats()
+		name := ps.cfg.Name
+		for _, b := range []struct {
+			state registry.State
+			n     int
+		}{{registry.Ready, st.Ready}, {registry.Draining, st.Draining}, {registry.Gone, st.Gone}} {
+			ch <- prometheus.MustNewConstMetric(descBackends, prometheus.GaugeValue, float64(b.n), name, b.state.String())
+		}
+		ch <- prometheus.MustNewConstMetric(descAge, prometheus.GaugeValue, st.Age.Seconds(), name)
+		stale := 0.0
+		if st.Stale {
+			stale = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descStale, prometheus.GaugeValue, stale, name)
+		ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(st.Rejections), name)
+		ch <- prometheus.MustNewConstMetric(descVersion, prometheus.GaugeValue, float64(st.Version), name)
+	}
+}
+
+// metricsHandler serves /metrics from its own registry (not the global one)
+// and Go's profiler under /debug/pprof/.
+func metricsHandler(p *proxy) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collector{p},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+// metricsServer listens on addr at once (so a busy port fails start-up) and
+// serves until stop is called.
+type metricsServer struct {
+	srv  *http.Server
+	done chan struct{}
+}
+
+func startMetrics(addr string, h http.Handler, log *slog.Logger) (*metricsServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	m := &metricsServer{
+		srv:  &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)},
+		done: make(chan struct{}),
+	}
+	log.Info("metrics listening", "addr", ln.Addr().String(), "paths", "/metrics /debug/pprof/")
+	go func() {
+		defer close(m.done)
+		if err := m.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	return m, nil
+}
+
+// stop closes the listener and waits briefly for scrapes in flight; a long
+// profile request is cut off.
+func (m *metricsServer) stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if m.srv.Shutdown(ctx) != nil {
+		m.srv.Close()
+	}
+	<-m.done
+}

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/registry"
+)
+
+// A proxy is one replica: a Pipeline, each service's registry, and the
+// sources that feed the registries. The sources run on their own, so a
+// slow or failing source never stalls the packet path, and the pipeline
+// keeps routing on the last snapshot.
+type proxy struct {
+	log      *slog.Logger
+	pipe     *cidroute.Pipeline
+	services []*proxyService
+
+	stopSources context.CancelFunc
+	sources     sync.WaitGroup
+}
+
+type proxyService struct {
+	cfg    serviceConfig
+	reg    *registry.Registry
+	source registry.Source
+	file   *registry.File // nil for a static list
+}
+
+// newProxy builds the registries and the pipeline (which opens every
+// socket, so a busy port fails here) and starts the sources. A static list
+// is published before the pipeline exists, so no datagram meets an empty
+// registry.
+func newProxy(cfg *config, log *slog.Logger) (*proxy, error) {
+	p := &proxy{log: log}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.stopSources = cancel
+	var pc cidroute.Config
+	pc.Logger = log
+	for _, sc := range cfg.Services {
+		reg, err := registry.New(registry.Config{Service: sc.Name, Seed: cfg.Seed, MaxAge: sc.MaxAge, Logger: log})
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("service %q: %w", sc.Name, err)
+		}
+		ps := &proxyService{cfg: sc, reg: reg}
+		p.services = append(p.services, ps)
+		if sc.BackendsFile != "" {
+			ps.file = &registry.File{Path: sc.BackendsFile, Logger: log.With("service", sc.Name)}
+			ps.source = ps.file
+		} else {
+			if err := reg.Update(sc.Backends); err != nil {
+				p.close()
+				return nil, fmt.Errorf("service %q: %w", sc.Name, err)
+			}
+			ps.source = registry.Static(sc.Backends)
+		}
+		pc.Services = append(pc.Services, cidroute.Service{
+			Name:   sc.Name,
+			Listen: sc.Listen,
+			RouterConfig: cidroute.RouterConfig{
+				Protocol: sc.Protocol,
+				Service:  sc.Public,
+				CIDLen:   sc.CIDLen,
+				Backends: reg,
+			},
+			Limits:  sc.Limits,
+			Workers: sc.Workers,
+		})
+	}
+	pipe, err := cidroute.New(pc)
+	if err != nil {
+		p.close()
+		return nil, err
+	}
+	p.pipe = pipe
+	for _, ps := range p.services {
+		u := &loggingUpdater{Registry: ps.reg, log: log.With("service", ps.cfg.Name), last: ps.reg.Snapshot()}
+		p.sources.Go(func() {
+			if err := ps.source.Run(ctx, u); err != nil && !errors.Is(err, context.Canceled) {
+				u.log.Error("backend source stopped; routing goes on with the last backends", "err", err)
+			}
+		})
+	}
+	return p, nil
+}
+
+// run serves until ctx is done, then stops the sources.
+func (p *proxy) run(ctx context.Context) error {
+	err := p.pipe.Run(ctx)
+	p.close()
+	return err
+}
+
+// close stops the sources and the registries' timers, and the pipeline if
+// it never ran. It is idempotent.
+func (p *proxy) close() {
+	if p.pipe != nil {
+		p.pipe.Close()
+	}
+	p.stopSources()
+	p.sources.Wait()
+	for _, ps := range p.services {
+		ps.reg.Close()
+	}
+}
+
+// reload asks every file source to read its file now (SIGHUP).
+func (p *proxy) reload() {
+	for _, ps := range p.services {
+		if ps.file != nil {
+			ps.file.Reload()
+		}
+	}
+}
+
+// loggingUpdater logs each change of a service's backends. Sources log
+// their own failures; confirmations and unchanged updates are silent.
+// Embedding keeps Registry's MaxAge, which Static uses to pace Confirm.
+type loggingUpdater struct {
+	*registry.Registry
+	log  *slog.Logger
+	mu   sync.Mutex
+	last *registry.Snapshot
+}
+
+func (u *loggingUpdater) Update(bs []registry.Backend) error {
+	if err := u.Registry.Update(bs); err != nil {
+		return err
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	s := u.Snapshot()
+	if u.last != nil && slices.Equal(u.last.Backends(), s.Backends()) {
+		return nil
+	}
+	u.last = s
+	u.log.Info("backends changed", "version", s.Version(),
+		"ready", s.Count(registry.Ready), "draining", s.Count(registry.Draining), "gone", s.Count(registry.Gone),
+		"backends", backendList(s.Backends()))
+	return nil
+}
+
+// backendList formats backends compactly for a log line:
+// "0=10.0.0.10:5684 ready w1, 1=...".
+func backendList(bs []registry.Backend) string {
+	var b strings.Builder
+	for i, be := range bs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d=%v %v w%d", be.Ordinal, be.Addr, be.State, be.Weight)
+	}
+	return b.String()
+}
