@@ -25,9 +25,10 @@ const maxFileSize = 1 << 20
 // small, so it is read and compared whole each time rather than trusted to
 // a coarse mtime.
 //
-// A file that cannot be read, decoded or validated leaves the previous
-// backends in place and is logged once per change of the file (or of the
-// read error), not on every poll; a Reload logs it again. Such a file is not
+// A file that cannot be read or decoded, or whose list Update rejects (and
+// counts), leaves the previous backends in place and is logged once per
+// change of the file (or of the read error), not on every poll; a Reload
+// logs it again. Such a file is not
 // a confirmation: if it stays bad past the registry's MaxAge, the registry
 // turns stale, as it should when the source of truth is unreadable.
 //
@@ -134,7 +135,9 @@ func (p *filePoller) poll(forced bool) {
 		return
 	}
 	p.last, p.haveLast = data, true
-	bs, err := DecodeBackends(bytes.NewReader(data))
+	// Validation is left to Update, so that the registry counts the
+	// rejection.
+	bs, err := decodeList(bytes.NewReader(data))
 	if err == nil {
 		err = p.u.Update(bs)
 	}

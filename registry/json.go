@@ -150,6 +150,18 @@ func (b *Backend) UnmarshalJSON(data []byte) error {
 // validates it like [Validate]. Nothing may follow the list. The error wraps
 // [ErrDecode] for malformed JSON and the specific sentinel otherwise.
 func DecodeBackends(r io.Reader) ([]Backend, error) {
+	bs, err := decodeList(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := Validate(bs); err != nil {
+		return nil, err
+	}
+	return bs, nil
+}
+
+// decodeList is DecodeBackends without Validate.
+func decodeList(r io.Reader) ([]Backend, error) {
 	dec := json.NewDecoder(r)
 	var raw *[]json.RawMessage
 	if err := dec.Decode(&raw); err != nil {
@@ -166,9 +178,6 @@ func DecodeBackends(r io.Reader) ([]Backend, error) {
 		if err := bs[i].UnmarshalJSON(m); err != nil {
 			return nil, fmt.Errorf("backends[%d]: %w", i, err)
 		}
-	}
-	if err := Validate(bs); err != nil {
-		return nil, err
 	}
 	return bs, nil
 }
