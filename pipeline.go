@@ -37,6 +37,19 @@ type Service struct {
 	// RecvBuffer and SendBuffer request socket buffer sizes in bytes (0
 	// keeps the kernel default).
 	RecvBuffer, SendBuffer int
+
+	// Transparent forwards datagrams without a PPv2 header, for backends
+	// that cannot parse one, at the cost of one upstream socket and one
+	// goroutine per client address (see transparent.go). The Encoder is
+	// not used.
+	Transparent bool
+	// MaxSessions bounds each worker's transparent session table (0 =
+	// DefaultMaxSessions); datagrams of further client addresses are
+	// dropped with SessionLimit until idle sessions expire.
+	MaxSessions int
+	// SessionIdle is how long a transparent session lives without traffic
+	// (0 = DefaultSessionIdle, 2 minutes).
+	SessionIdle time.Duration
 }
 
 // Config configures a Pipeline.
@@ -128,6 +141,9 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 	if sc.Workers < 1 || sc.Workers > 256 {
 		return nil, fmt.Errorf("workers %d: %w", sc.Workers, ErrConfig)
 	}
+	if sc.MaxSessions < 0 || sc.SessionIdle < 0 || (!sc.Transparent && (sc.MaxSessions != 0 || sc.SessionIdle != 0)) {
+		return nil, fmt.Errorf("max sessions %d, session idle %v (transparent mode only): %w", sc.MaxSessions, sc.SessionIdle, ErrConfig)
+	}
 	rc := sc.RouterConfig
 	if !rc.Service.IsValid() {
 		rc.Service = sc.Listen
@@ -154,7 +170,7 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 				c.Close()
 			}
 			for _, w := range s.workers {
-				w.upConn.Close()
+				w.closeUpstream()
 			}
 			return nil, err
 		}
@@ -188,7 +204,9 @@ func (p *Pipeline) UpstreamAddrs(service string) []netip.AddrPort {
 	for _, s := range p.services {
 		if s.cfg.Name == service {
 			for _, w := range s.workers {
-				out = append(out, w.upConn.LocalAddr().(*net.UDPAddr).AddrPort())
+				if w.upConn != nil {
+					out = append(out, w.upConn.LocalAddr().(*net.UDPAddr).AddrPort())
+				}
 			}
 		}
 	}
@@ -213,6 +231,9 @@ func (p *Pipeline) Stats() []ServiceStats {
 		for _, w := range s.workers {
 			w.fwd.load(&out[i].Forward)
 			w.rev.load(&out[i].Reverse)
+			if w.sessions != nil {
+				out[i].Sessions += int(w.sessions.count.Load())
+			}
 		}
 	}
 	return out
@@ -233,7 +254,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for _, s := range p.services {
 		for _, w := range s.workers {
-			for _, loop := range []func() error{w.forwardLoop, w.reverseLoop} {
+			for _, loop := range w.loops() {
 				wg.Go(func() {
 					if err := loop(); err != nil {
 						select {
@@ -257,6 +278,13 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	// Wake every reader without closing its socket: in-flight batches are
 	// still sent, then the loops return and the sockets close.
 	p.eachSocket(func(c *net.UDPConn) { c.SetReadDeadline(time.Unix(1, 0)) })
+	for _, s := range p.services {
+		for _, w := range s.workers {
+			if w.sessions != nil {
+				w.sessions.close()
+			}
+		}
+	}
 	wg.Wait()
 	p.closeSockets()
 	p.err = err
@@ -281,7 +309,9 @@ func (p *Pipeline) eachSocket(f func(*net.UDPConn)) {
 	for _, s := range p.services {
 		for _, w := range s.workers {
 			f(w.inConn)
-			f(w.upConn)
+			if w.upConn != nil {
+				f(w.upConn)
+			}
 		}
 	}
 }

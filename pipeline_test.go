@@ -338,7 +338,7 @@ func TestPipelineReversePathChecks(t *testing.T) {
 func TestPipelineLifecycle(t *testing.T) {
 	reg := newRegistry(t, 1)
 	mk := func() *Pipeline {
-		p, err := New(Config{Services: []Service{{Name: "a", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
+		p, err := New(Config{Logger: quietLog, Services: []Service{{Name: "a", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
 			RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg}}}})
 		require.NoError(t, err)
 		return p

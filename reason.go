@@ -17,6 +17,7 @@ const (
 	BadProxyHeader                // reverse: no, invalid or foreign PPv2 header
 	BadDestination                // reverse: the client address is not a valid unicast peer
 	SendError                     // the kernel refused to send it
+	SessionLimit                  // transparent mode: the session table is full
 
 	NumReasons = iota
 )
@@ -33,6 +34,7 @@ var reasonNames = [NumReasons]string{
 	BadProxyHeader:  "bad_proxy_header",
 	BadDestination:  "bad_destination",
 	SendError:       "send_error",
+	SessionLimit:    "session_limit",
 }
 
 // String returns the reason's metric label ("" for Forwarded).

@@ -35,6 +35,9 @@ type ServiceStats struct {
 	Name    string
 	Forward Counters // client → backend
 	Reverse Counters // backend → client
+	// Sessions is the number of transparent-mode sessions (0 in PPv2
+	// mode, which keeps no per-client state).
+	Sessions int
 }
 
 // liveCounters is one worker's counters for one direction. The worker adds

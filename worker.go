@@ -27,6 +27,10 @@ type worker struct {
 	in, up *udpio.Conn
 	upPort uint16
 	adm    *Admission
+	// sessions is the transparent-mode session table; nil in PPv2 mode,
+	// where upConn is the shared upstream socket instead.
+	sessions *sessionTable
+	clients  []netip.AddrPort // transparent: client of fwdOut[i]
 
 	fwdIn, fwdOut []udpio.Message
 	revIn, revOut []udpio.Message
@@ -35,21 +39,28 @@ type worker struct {
 }
 
 func newWorker(s *service, in *net.UDPConn, sc Service, cfg Config) (*worker, error) {
-	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
-	ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
-	if err != nil {
-		return nil, fmt.Errorf("upstream socket: %w", err)
-	}
-	w := &worker{svc: s, inConn: in, upConn: ups[0], adm: NewAdmission(sc.Limits, sc.Workers)}
-	w.upPort = w.upConn.LocalAddr().(*net.UDPAddr).AddrPort().Port()
-	if w.in, err = udpio.NewConn(in, cfg.BatchSize); err == nil {
-		w.up, err = udpio.NewConn(w.upConn, cfg.BatchSize)
-	}
-	if err != nil {
-		w.upConn.Close()
+	w := &worker{svc: s, inConn: in, adm: NewAdmission(sc.Limits, sc.Workers)}
+	n := cfg.BatchSize
+	var err error
+	if w.in, err = udpio.NewConn(in, n); err != nil {
 		return nil, err
 	}
-	n := cfg.BatchSize
+	if sc.Transparent {
+		w.sessions = newSessionTable(w, sc)
+		w.clients = make([]netip.AddrPort, n)
+	} else {
+		lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
+		ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
+		if err != nil {
+			return nil, fmt.Errorf("upstream socket: %w", err)
+		}
+		w.upConn = ups[0]
+		w.upPort = w.upConn.LocalAddr().(*net.UDPAddr).AddrPort().Port()
+		if w.up, err = udpio.NewConn(w.upConn, n); err != nil {
+			w.upConn.Close()
+			return nil, err
+		}
+	}
 	w.fwdIn, w.revIn = rxMessages(n, cfg.MaxDatagram), rxMessages(n, cfg.MaxDatagram)
 	w.fwdOut, w.revOut = make([]udpio.Message, n), make([]udpio.Message, n)
 	hdrs := make([]byte, n*headerRoom)
@@ -57,6 +68,20 @@ func newWorker(s *service, in *net.UDPConn, sc Service, cfg Config) (*worker, er
 		w.fwdOut[i].Prefix = hdrs[i*headerRoom : i*headerRoom : (i+1)*headerRoom]
 	}
 	return w, nil
+}
+
+func (w *worker) closeUpstream() {
+	if w.upConn != nil {
+		w.upConn.Close()
+	}
+}
+
+// loops returns the goroutines that serve the worker.
+func (w *worker) loops() []func() error {
+	if w.sessions != nil {
+		return []func() error{w.forwardLoop, func() error { w.sessions.sweep(); return nil }}
+	}
+	return []func() error{w.forwardLoop, w.reverseLoop}
 }
 
 func rxMessages(n, size int) []udpio.Message {
@@ -91,9 +116,16 @@ func (w *worker) forwardLoop() error {
 				c.Dropped[reason]++
 				continue
 			}
+			if w.sessions != nil {
+				w.clients[len(out)] = w.fwdIn[i].Addr
+			}
 			out = out[:len(out)+1]
 		}
-		err = send(w.up, out, &c)
+		if w.sessions != nil {
+			w.sessions.send(out, w.clients, &c)
+		} else {
+			err = send(w.up, out, &c)
+		}
 		w.fwd.flush(&c)
 		if err != nil {
 			return err
@@ -120,15 +152,20 @@ func (w *worker) forward(m, o *udpio.Message, snap *registry.Snapshot, stale boo
 	if d.Reason != Forwarded {
 		return d.Reason
 	}
+	o.Buf, o.Addr, o.Local = b, d.Backend, netip.Addr{}
+	if w.sessions != nil {
+		o.Prefix = nil // transparent: the datagram goes unchanged
+		return Forwarded
+	}
 	service := r.service
 	if w.svc.measured && m.Local.IsValid() {
 		service = netip.AddrPortFrom(m.Local, service.Port())
 	}
-	hdr, err := r.enc.AppendHeader(o.Prefix[:0], m.Addr, service)
+	hdr, err := r.enc.AppendHeader(o.Prefix[:cap(o.Prefix)][:0], m.Addr, service)
 	if err != nil {
 		return Malformed
 	}
-	o.Prefix, o.Buf, o.Addr, o.Local = hdr, b, d.Backend, netip.Addr{}
+	o.Prefix = hdr
 	return Forwarded
 }
 
