@@ -90,31 +90,32 @@ func New(seed uint64, cands []Candidate) (*Table, error) {
 // L1 cache.
 const fillBlock = 512
 
+// slot is fill's state for one bucket.
+type slot struct {
+	hb   uint64 // XXH64 prefix, see bucketPrefix
+	best uint64 // least score so far
+}
+
 // fill sets every bucket's owner to the candidate in act (sorted by ordinal)
 // with the least score. Scanning candidates in ordinal order and replacing
 // only on a strictly smaller score gives ties to the lower ordinal.
 func (t *Table) fill(act []active) {
 	var (
-		hb   [fillBlock]uint64 // XXH64 prefix per bucket
-		best [fillBlock]uint64 // least score so far per bucket
-		pass [fillBlock]uint16 // buckets where a candidate passes prune
+		slots [fillBlock]slot
+		pass  [fillBlock]uint16 // buckets where a candidate passes prune
 	)
 	for b0 := 0; b0 < Buckets && len(act) > 0; b0 += fillBlock {
-		for j := range hb {
-			hb[j] = bucketPrefix(t.seed, uint32(b0+j))
-			best[j] = 1<<64 - 1 // above any score
+		for j := range slots {
+			slots[j] = slot{hb: bucketPrefix(t.seed, uint32(b0+j)), best: 1<<64 - 1}
 		}
 		own := (*[fillBlock]uint8)(t.owner[b0 : b0+fillBlock])
 		for i := range act {
-			mix, r, ord := act[i].mix, act[i].r, act[i].ord
-			// Most candidates lose on the bound -ln u ≥ 1-u, which negLog
-			// respects: a cheap test, rarely passed. The call to negLog
-			// stays out of this loop so that it keeps its registers.
-			n := prune(&hb, &best, &pass, mix, r)
+			c := &act[i]
+			n := prune(&slots, &pass, c.mix, c.r)
 			for _, j := range pass[:n] {
-				j &= fillBlock - 1
-				if s, _ := bits.Mul64(negLog(finish(hb[j], mix)), r); s < best[j] {
-					best[j], own[j] = s, ord
+				sl := &slots[j&(fillBlock-1)]
+				if s, _ := bits.Mul64(negLog(finish(sl.hb, c.mix)), c.r); s < sl.best {
+					sl.best, own[j&(fillBlock-1)] = s, c.ord
 				}
 			}
 		}
@@ -158,16 +159,17 @@ func AppendAddr(dst []byte, a netip.AddrPort) []byte {
 }
 
 // prune stores in pass the buckets j where the candidate (mix, r) passes
-// the lower bound: hi64((2^64 - (h|1))>>7 · r) < best[j], h its hash there,
-// and returns how many. It is the hot loop of New, kept apart so that its
-// values stay in registers.
+// the lower bound hi64(((2^64-1-h)>>7) · r) < slots[j].best, h its hash
+// there, and returns how many. The bound is below the score (-ln u ≥ 1-u)
+// and most candidates fail it. This is the hot loop of New, kept apart and
+// small so that its values stay in registers.
 //
 //go:noinline
-func prune(hb, best *[fillBlock]uint64, pass *[fillBlock]uint16, mix, r uint64) int {
+func prune(slots *[fillBlock]slot, pass *[fillBlock]uint16, mix, r uint64) int {
 	n := 0
-	for j := range hb {
-		h := finish(hb[j], mix)
-		if lb, _ := bits.Mul64(-(h|1)>>7, r); lb < best[j] {
+	for j := range slots {
+		sl := &slots[j]
+		if lb, _ := bits.Mul64(^finish(sl.hb, mix)>>7, r); lb < sl.best {
 			pass[n&(fillBlock-1)] = uint16(j)
 			n++
 		}

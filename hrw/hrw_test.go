@@ -43,7 +43,7 @@ func TestNegLogAccuracy(t *testing.T) {
 			t.Fatalf("negLog(%#x) = %v, want %v (rel %g)", h, got, want, rel)
 		}
 		// The bounds bestOf prunes with.
-		if lb := -(h | 1) >> 7; lb > negLog(h) {
+		if lb := ^h >> 7; lb > negLog(h) {
 			t.Fatalf("bound(%#x) = %d > negLog = %d", h, lb, negLog(h))
 		}
 	}
