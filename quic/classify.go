@@ -58,6 +58,17 @@ type Class struct {
 //
 // Classify does not allocate.
 func Classify(b []byte, serverCIDLen int) (Class, error) {
+	if len(b) > 0 && !IsLong(b[0]) {
+		// Most datagrams: one short header packet. Same checks as
+		// ParseHeader, without building a Header.
+		if uint(serverCIDLen) > MaxCIDLen {
+			return Class{}, ErrCIDLength
+		}
+		if len(b) < 1+serverCIDLen+20 {
+			return Class{}, ErrTooShort
+		}
+		return Class{Kind: KindEstablished, Type: Short, DCID: b[1 : 1+serverCIDLen], Packets: 1}, nil
+	}
 	h, err := ParseHeader(b, serverCIDLen)
 	if err != nil {
 		return Class{}, err
