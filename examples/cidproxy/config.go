@@ -76,9 +76,6 @@ type serviceConfig struct {
 	Limits       cidroute.Limits
 }
 
-// errConfig is wrapped by every configuration error.
-var errConfig = errors.New("invalid configuration")
-
 const maxWorkers = 256 // cidroute.Pipeline's limit
 
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
@@ -125,10 +122,10 @@ func parseConfig(r io.Reader) (*config, error) {
 	case "error":
 		cfg.LogLevel = slog.LevelError
 	default:
-		return nil, fmt.Errorf("log_level %q: want debug, info, warn or error: %w", fc.LogLevel, errConfig)
+		return nil, fmt.Errorf("log_level %q: want debug, info, warn or error", fc.LogLevel)
 	}
 	if len(fc.Services) == 0 {
-		return nil, fmt.Errorf("services: at least one service is needed: %w", errConfig)
+		return nil, fmt.Errorf("services: at least one service is needed")
 	}
 	names := map[string]int{}
 	listens := map[netip.AddrPort]string{}
@@ -141,11 +138,11 @@ func parseConfig(r io.Reader) (*config, error) {
 			return nil, fmt.Errorf("services[%d]: %w", i, err)
 		}
 		if j, dup := names[s.Name]; dup {
-			return nil, fmt.Errorf("services[%d]: name %q already used by services[%d]: %w", i, s.Name, j, errConfig)
+			return nil, fmt.Errorf("services[%d]: name %q already used by services[%d]", i, s.Name, j)
 		}
 		names[s.Name] = i
 		if other, dup := listens[s.Listen]; dup {
-			return nil, fmt.Errorf("services[%d] (%q): listen %v already used by %q: %w", i, s.Name, s.Listen, other, errConfig)
+			return nil, fmt.Errorf("services[%d] (%q): listen %v already used by %q", i, s.Name, s.Listen, other)
 		}
 		listens[s.Listen] = s.Name
 		cfg.Services = append(cfg.Services, s)
@@ -158,11 +155,13 @@ func parseConfig(r io.Reader) (*config, error) {
 func parseService(raw json.RawMessage) (serviceConfig, error) {
 	var fs fileService
 	if err := decodeStrict(bytes.NewReader(raw), &fs); err != nil {
-		return serviceConfig{}, err
+		var named struct{ Name string }
+		json.Unmarshal(raw, &named) // only to name the service in the error
+		return serviceConfig{Name: named.Name}, err
 	}
 	s := serviceConfig{Name: fs.Name, BackendsFile: fs.BackendsFile}
 	fail := func(format string, args ...any) (serviceConfig, error) {
-		return s, fmt.Errorf(format+": %w", append(args, errConfig)...)
+		return s, fmt.Errorf(format, args...)
 	}
 	if !serviceName.MatchString(fs.Name) {
 		return fail("name %q: want 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit", fs.Name)
@@ -242,7 +241,7 @@ func decodeStrict(r io.Reader, v any) error {
 		return jsonError(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("data after the JSON object: %w", errConfig)
+		return fmt.Errorf("data after the JSON object")
 	}
 	return nil
 }
@@ -253,16 +252,20 @@ func jsonError(err error) error {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
-	case errors.As(err, &te) && te.Field != "":
-		return fmt.Errorf("%s: JSON %s where %s is expected: %w", te.Field, te.Value, kindName(te.Type.Kind().String()), errConfig)
+	case errors.As(err, &te):
+		field := te.Field
+		if field == "" {
+			field = "value"
+		}
+		return fmt.Errorf("%s: JSON %s where %s is expected", field, te.Value, kindName(te.Type.Kind().String()))
 	case errors.As(err, &se):
-		return fmt.Errorf("JSON syntax error at byte %d: %v: %w", se.Offset, se, errConfig)
+		return fmt.Errorf("JSON syntax error at byte %d: %v", se.Offset, se)
 	case errors.Is(err, io.EOF):
-		return fmt.Errorf("empty file: %w", errConfig)
+		return fmt.Errorf("empty file")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return fmt.Errorf("unknown key %s: %w", strings.TrimPrefix(err.Error(), "json: unknown field "), errConfig)
+		return fmt.Errorf("unknown key %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
 	}
-	return fmt.Errorf("%w: %w", err, errConfig)
+	return fmt.Errorf("%w", err)
 }
 
 func kindName(k string) string {
@@ -286,10 +289,10 @@ func kindName(k string) string {
 func checkHostPort(s string) error {
 	_, port, err := net.SplitHostPort(s)
 	if err != nil {
-		return fmt.Errorf("%q: %v: %w", s, err, errConfig)
+		return fmt.Errorf("%q: %v", s, err)
 	}
 	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-		return fmt.Errorf("%q: port %q: want 1-65535: %w", s, port, errConfig)
+		return fmt.Errorf("%q: port %q: want 1-65535", s, port)
 	}
 	return nil
 }
@@ -344,7 +347,7 @@ func (c *config) checkBackendFiles() error {
 			return fmt.Errorf("service %q: backends_file %s: %w", s.Name, s.BackendsFile, err)
 		}
 		if len(bs) == 0 {
-			return fmt.Errorf("service %q: backends_file %s: empty list: %w", s.Name, s.BackendsFile, errConfig)
+			return fmt.Errorf("service %q: backends_file %s: empty list", s.Name, s.BackendsFile)
 		}
 	}
 	return nil

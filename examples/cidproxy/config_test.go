@@ -1,0 +1,197 @@
+package main
+
+import (
+	"errors"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/registry"
+	"github.com/stretchr/testify/require"
+)
+
+// svc is a valid service object; tests splice keys into it.
+const svc = `"name": "coaps", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends": [{"ordinal": 0, "address": "127.0.0.1:6000"}]`
+
+func withServices(services ...string) string {
+	return `{"services": [` + strings.Join(services, ",") + `]}`
+}
+
+func TestParseConfigGood(t *testing.T) {
+	tests := []struct {
+		name  string
+		in    string
+		check func(t *testing.T, c *config)
+	}{
+		{"defaults", withServices(`{` + svc + `}`), func(t *testing.T, c *config) {
+			require.Equal(t, slog.LevelInfo, c.LogLevel)
+			require.Equal(t, uint64(0), c.Seed)
+			require.Empty(t, c.MetricsListen)
+			s := c.Services[0]
+			require.Equal(t, "coaps", s.Name)
+			require.Equal(t, cidroute.DTLS, s.Protocol)
+			require.Equal(t, netip.MustParseAddrPort("127.0.0.1:5684"), s.Listen)
+			require.Equal(t, 8, s.CIDLen)
+			require.Zero(t, s.Workers)
+			require.Zero(t, s.MaxAge)
+			require.Equal(t, []registry.Backend{{Ordinal: 0, Addr: netip.MustParseAddrPort("127.0.0.1:6000"), Weight: 1}}, s.Backends)
+			require.Equal(t, cidroute.Limits{}, s.Limits)
+		}},
+		{"quic default cid length", withServices(`{"name": "h3", "protocol": "quic", "listen": "[::]:443", "backends_file": "b.json"}`), func(t *testing.T, c *config) {
+			require.Equal(t, cidroute.QUIC, c.Services[0].Protocol)
+			require.Equal(t, 12, c.Services[0].CIDLen)
+			require.Equal(t, "b.json", c.Services[0].BackendsFile)
+			require.Nil(t, c.Services[0].Backends)
+		}},
+		{"everything set", `{"hrw_seed": 18446744073709551615, "metrics_listen": ":9184", "log_level": "debug", "services": [{` + svc + `,
+			"cid_length": 10, "proxy_protocol": true, "workers": 4, "max_registry_age": "1m30s",
+			"limits": {"global_pps": 1, "per_source_pps": 2, "handshake_pps": 3, "zero_rtt_pps": 4}}]}`, func(t *testing.T, c *config) {
+			require.Equal(t, uint64(1<<64-1), c.Seed)
+			require.Equal(t, ":9184", c.MetricsListen)
+			require.Equal(t, slog.LevelDebug, c.LogLevel)
+			s := c.Services[0]
+			require.Equal(t, 10, s.CIDLen)
+			require.Equal(t, 4, s.Workers)
+			require.Equal(t, 90*time.Second, s.MaxAge)
+			require.Equal(t, cidroute.Limits{GlobalPPS: 1, PerSourcePPS: 2, HandshakePPS: 3, ZeroRTTPPS: 4}, s.Limits)
+		}},
+		{"backend fields", withServices(`{"name": "a", "protocol": "dtls", "listen": "10.0.0.1:1", "backends": [
+			{"ordinal": 254, "address": "[fd00::1]:2", "weight": 5, "state": "draining"},
+			{"ordinal": 3, "address": "10.0.0.2:2", "state": "ready"}]}`), func(t *testing.T, c *config) {
+			require.Equal(t, []registry.Backend{
+				{Ordinal: 254, Addr: netip.MustParseAddrPort("[fd00::1]:2"), Weight: 5, State: registry.Draining},
+				{Ordinal: 3, Addr: netip.MustParseAddrPort("10.0.0.2:2"), Weight: 1, State: registry.Ready},
+			}, c.Services[0].Backends)
+		}},
+		{"two services", withServices(`{`+svc+`}`, `{"name": "b", "protocol": "quic", "listen": "127.0.0.1:443", "backends": null, "backends_file": "x"}`), func(t *testing.T, c *config) {
+			require.Len(t, c.Services, 2)
+		}},
+		{"log levels", `{"log_level": "error", "services": [{` + svc + `}]}`, func(t *testing.T, c *config) {
+			require.Equal(t, slog.LevelError, c.LogLevel)
+		}},
+		{"max age off", withServices(`{` + svc + `, "max_registry_age": "0s"}`), func(t *testing.T, c *config) {
+			require.Zero(t, c.Services[0].MaxAge)
+		}},
+		{"mapped listen", withServices(`{"name": "m", "protocol": "dtls", "listen": "[::ffff:127.0.0.1]:5684", "backends_file": "f"}`), func(t *testing.T, c *config) {
+			require.Equal(t, netip.MustParseAddrPort("127.0.0.1:5684"), c.Services[0].Listen)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseConfig(strings.NewReader(tt.in))
+			require.NoError(t, err)
+			tt.check(t, c)
+			require.NotEmpty(t, c.summary())
+		})
+	}
+}
+
+func TestParseConfigBad(t *testing.T) {
+	tests := []struct {
+		name, in, want string
+	}{
+		{"empty file", ``, "empty file"},
+		{"not an object", `[]`, "where an object is expected"},
+		{"syntax", `{"services": [}`, "JSON syntax error"},
+		{"trailing data", withServices(`{`+svc+`}`) + `{}`, "data after the JSON object"},
+		{"unknown top-level key", `{"hrw_sed": 1, "services": [{` + svc + `}]}`, `unknown key "hrw_sed"`},
+		{"unknown service key", withServices(`{` + svc + `, "listn": "x"}`), `services[0] ("coaps"): unknown key "listn"`},
+		{"unknown limits key", withServices(`{` + svc + `, "limits": {"globl_pps": 1}}`), `services[0] ("coaps"): unknown key "globl_pps"`},
+		{"unknown backend key", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 0, "adress": "1.1.1.1:1"}]}`), `services[0] ("a"): backends`},
+		{"negative seed", `{"hrw_seed": -1, "services": [{` + svc + `}]}`, "hrw_seed: JSON number -1 where a non-negative integer is expected"},
+		{"string workers", withServices(`{` + svc + `, "workers": "2"}`), "workers: JSON string where an integer is expected"},
+		{"bad log level", `{"log_level": "verbose", "services": [{` + svc + `}]}`, `log_level "verbose"`},
+		{"bad metrics address", `{"metrics_listen": "9184", "services": [{` + svc + `}]}`, "metrics_listen"},
+		{"metrics port zero", `{"metrics_listen": "127.0.0.1:0", "services": [{` + svc + `}]}`, "metrics_listen"},
+		{"no services", `{"hrw_seed": 1}`, "at least one service"},
+		{"empty services", `{"services": []}`, "at least one service"},
+		{"no name", withServices(`{"protocol": "dtls", "listen": "1.2.3.4:5", "backends_file": "f"}`), `services[0]: name ""`},
+		{"bad name", withServices(`{"name": "a b", "protocol": "dtls", "listen": "1.2.3.4:5", "backends_file": "f"}`), `name "a b"`},
+		{"duplicate name", withServices(`{`+svc+`}`, `{`+strings.Replace(svc, "5684", "5685", 1)+`}`), `services[1]: name "coaps" already used by services[0]`},
+		{"duplicate listen", withServices(`{`+svc+`}`, `{`+strings.Replace(svc, `"coaps"`, `"other"`, 1)+`}`), `listen 127.0.0.1:5684 already used by "coaps"`},
+		{"no protocol", withServices(`{"name": "a", "listen": "1.2.3.4:5", "backends_file": "f"}`), `services[0] ("a"): protocol ""`},
+		{"bad protocol", withServices(`{"name": "a", "protocol": "tls", "listen": "1.2.3.4:5", "backends_file": "f"}`), `protocol "tls"`},
+		{"no listen", withServices(`{"name": "a", "protocol": "dtls", "backends_file": "f"}`), `listen ""`},
+		{"host name listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "localhost:5684", "backends_file": "f"}`), `listen "localhost:5684"`},
+		{"listen port zero", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:0", "backends_file": "f"}`), "non-zero port"},
+		{"listen multicast", withServices(`{"name": "a", "protocol": "dtls", "listen": "224.0.0.1:5", "backends_file": "f"}`), "unicast or wildcard"},
+		{"dtls cid too short", withServices(`{` + svc + `, "cid_length": 4}`), "cid_length 4"},
+		{"quic cid too long", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_length": 21, "backends_file": "f"}`), "cid_length 21"},
+		{"negative cid", withServices(`{` + svc + `, "cid_length": -8}`), "cid_length -8"},
+		{"transparent mode", withServices(`{` + svc + `, "proxy_protocol": false}`), "not yet supported"},
+		{"negative workers", withServices(`{` + svc + `, "workers": -1}`), "workers -1"},
+		{"too many workers", withServices(`{` + svc + `, "workers": 257}`), "workers 257"},
+		{"bad duration", withServices(`{` + svc + `, "max_registry_age": "30"}`), `max_registry_age "30"`},
+		{"negative duration", withServices(`{` + svc + `, "max_registry_age": "-1s"}`), `max_registry_age "-1s"`},
+		{"both backend keys", withServices(`{` + svc + `, "backends_file": "f"}`), "give exactly one"},
+		{"no backends", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5"}`), "no backends"},
+		{"empty backends", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": []}`), "empty list"},
+		{"negative limit", withServices(`{` + svc + `, "limits": {"handshake_pps": -5}}`), "limits.handshake_pps -5"},
+		{"reserved ordinal", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 255, "address": "1.1.1.1:1"}]}`), "255"},
+		{"zero weight", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 1, "address": "1.1.1.1:1", "weight": 0}]}`), "weight"},
+		{"bad state", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 1, "address": "1.1.1.1:1", "state": "up"}]}`), "state"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig(strings.NewReader(tt.in))
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestParseConfigRegistryErrors(t *testing.T) {
+	for _, tt := range []struct {
+		backends string
+		want     error
+	}{
+		{`[{"ordinal": 1, "address": "1.1.1.1:1"}, {"ordinal": 1, "address": "1.1.1.2:1"}]`, registry.ErrDuplicateOrdinal},
+		{`[{"ordinal": 1, "address": "1.1.1.1:1"}, {"ordinal": 2, "address": "1.1.1.1:1"}]`, registry.ErrDuplicateAddr},
+		{`[{"ordinal": 1, "address": "0.0.0.0:1"}]`, registry.ErrUnspecifiedAddr},
+		{`[{"ordinal": 1, "address": "1.1.1.1:0"}]`, registry.ErrZeroPort},
+	} {
+		_, err := parseConfig(strings.NewReader(withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": ` + tt.backends + `}`)))
+		require.ErrorIs(t, err, tt.want, tt.backends)
+		require.Contains(t, err.Error(), `services[0] ("a"): backends`)
+	}
+}
+
+func TestLoadConfigBackendsFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.json")
+	write := func(name, body string) {
+		t.Helper()
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644))
+	}
+	write("c.json", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends_file": "b.json"}`))
+	c, err := loadConfig(path)
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(dir, "b.json"), c.Services[0].BackendsFile, "relative to the config file")
+	require.Error(t, c.checkBackendFiles(), "missing file")
+
+	write("b.json", `[{"ordinal": 1, "address": "1.1.1.1:1"}, {"ordinal": 1, "address": "1.1.1.2:1"}]`)
+	err = c.checkBackendFiles()
+	require.ErrorIs(t, err, registry.ErrDuplicateOrdinal)
+	require.Contains(t, err.Error(), `service "a": backends_file`)
+
+	write("b.json", `[]`)
+	require.ErrorContains(t, c.checkBackendFiles(), "empty list")
+
+	write("b.json", `[{"ordinal": 1, "address": "1.1.1.1:1"}]`)
+	require.NoError(t, c.checkBackendFiles())
+
+	_, err = loadConfig(filepath.Join(dir, "missing.json"))
+	require.True(t, errors.Is(err, os.ErrNotExist))
+}
+
+func TestExampleConfig(t *testing.T) {
+	c, err := loadConfig("example.json")
+	require.NoError(t, err)
+	require.NoError(t, c.checkBackendFiles())
+	require.Len(t, c.Services, 2)
+}

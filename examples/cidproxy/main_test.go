@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func runArgs(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = run(context.Background(), args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestCheckGood(t *testing.T) {
+	code, out, errOut := runArgs(t, "-check", "-config", "example.json")
+	require.Equal(t, 0, code, errOut)
+	require.Empty(t, errOut)
+	require.True(t, strings.HasPrefix(out, "example.json: ok: 2 service(s): coaps dtls"), out)
+	require.Equal(t, 1, strings.Count(out, "\n"), "one line")
+}
+
+func TestCheckBad(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct{ name, body, want string }{
+		{"typo", `{"services": [{"name": "a", "protocl": "dtls"}]}`, `services[0] ("a"): unknown key "protocl"`},
+		{"duplicate ordinal", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 1, "address": "1.1.1.1:1"}, {"ordinal": 1, "address": "1.1.1.2:1"}]}`), "duplicate ordinal"},
+		{"missing backends file", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends_file": "nope.json"}`), `service "a": backends_file`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(dir, tt.name+".json")
+			require.NoError(t, os.WriteFile(path, []byte(tt.body), 0o644))
+			code, out, errOut := runArgs(t, "-check", "-config", path)
+			require.Equal(t, 1, code)
+			require.Empty(t, out)
+			require.Contains(t, errOut, tt.want)
+			require.True(t, strings.HasPrefix(errOut, "cidproxy: "+path+": ") || strings.Contains(errOut, tt.want), errOut)
+		})
+	}
+	code, _, errOut := runArgs(t, "-check", "-config", filepath.Join(dir, "absent.json"))
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "no such file")
+}
+
+func TestUsage(t *testing.T) {
+	code, _, errOut := runArgs(t)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "-config FILE is required")
+	code, _, _ = runArgs(t, "-bogus")
+	require.Equal(t, 2, code)
+	code, _, errOut = runArgs(t, "-config", "example.json", "extra")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "unexpected arguments")
+}
+
+// TestDemo runs the demo in-process, shortened to 3 s.
+func TestDemo(t *testing.T) {
+	var out, logs bytes.Buffer
+	err := runDemo(context.Background(), &out, newLogger(&logs, slog.LevelWarn, errWindow), 3*time.Second)
+	require.NoError(t, err, "%s\n%s", out.String(), logs.String())
+	require.Contains(t, out.String(), "both replicas pick the same backend for 1000/1000")
+	require.Contains(t, out.String(), "result: ok")
+	require.Empty(t, logs.String())
+}
+
+func TestLogRateLimit(t *testing.T) {
+	var buf bytes.Buffer
+	log := newLogger(&buf, slog.LevelInfo, 10*time.Second)
+	now := time.Unix(1000, 0)
+	log.Handler().(*limitHandler).st.now = func() time.Time { return now }
+	a, b := log.With("service", "a"), log.With("service", "b")
+	for range 5 {
+		a.Error("cannot read", "err", "x")
+		b.Error("cannot read", "err", "x") // another service: its own key
+		a.Info("not limited")
+	}
+	now = now.Add(11 * time.Second)
+	a.Error("cannot read", "err", "y")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 2+5+1, buf.String())
+	require.Contains(t, lines[len(lines)-1], "suppressed=4")
+	require.Contains(t, lines[len(lines)-1], "service=a")
+}
