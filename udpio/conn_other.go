@@ -1,0 +1,34 @@
+//go:build !linux
+
+package udpio
+
+import (
+	"fmt"
+	"net"
+)
+
+// A Conn reads and writes datagrams of a *net.UDPConn with the Message API.
+// On this platform it moves one datagram per syscall: ReadBatch returns at
+// most one message, WriteBatch loops. Small receive buffers and prefixes
+// cost one copy each. Local is not supported on send (ErrNotSupported in
+// Message.Err) and never reported on receive.
+//
+// One goroutine may call ReadBatch while another calls WriteBatch; neither
+// method may be called concurrently with itself.
+type Conn struct{ p portable }
+
+// NewConn prepares IO on c; batch is validated as on Linux and otherwise
+// unused.
+func NewConn(c *net.UDPConn, batch int) (*Conn, error) {
+	if batch < 0 || batch > 1024 {
+		return nil, fmt.Errorf("batch %d: %w", batch, ErrConfig)
+	}
+	return &Conn{p: newPortable(c)}, nil
+}
+
+// ReadBatch receives one datagram into ms[0]; see the Linux documentation.
+func (c *Conn) ReadBatch(ms []Message) (int, error) { return c.p.readBatch(ms) }
+
+// WriteBatch sends every message of ms, one syscall each, with the same
+// per-datagram error reporting as on Linux.
+func (c *Conn) WriteBatch(ms []Message) (int, error) { return c.p.writeBatch(ms) }

@@ -1,0 +1,15 @@
+//go:build linux
+
+package udpio
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func unsafeIovs(h *unix.Mmsghdr) []unix.Iovec {
+	return unsafe.Slice(h.Hdr.Iov, int(h.Hdr.Iovlen))
+}
+
+func unsafeBytes(v unix.Iovec) []byte { return unsafe.Slice(v.Base, int(v.Len)) }

@@ -1,0 +1,54 @@
+//go:build !linux
+
+package udpio
+
+import (
+	"context"
+	"fmt"
+	"net"
+)
+
+// ListenGroup opens one UDP socket on this platform; groups of more than
+// one socket and PacketInfo need Linux and return an error wrapping
+// ErrNotSupported.
+func ListenGroup(network, addr string, n int, cfg ListenConfig) ([]*net.UDPConn, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("group of %d sockets: %w", n, ErrConfig)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if n > 1 || cfg.PacketInfo {
+		return nil, fmt.Errorf("reuseport groups and packet info: %w", ErrNotSupported)
+	}
+	pc, err := (&net.ListenConfig{}).ListenPacket(context.Background(), network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("udpio: %w", err)
+	}
+	c := pc.(*net.UDPConn)
+	if cfg.RecvBuffer > 0 {
+		err = c.SetReadBuffer(cfg.RecvBuffer)
+	}
+	if err == nil && cfg.SendBuffer > 0 {
+		err = c.SetWriteBuffer(cfg.SendBuffer)
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("udpio: %w", err)
+	}
+	return []*net.UDPConn{c}, nil
+}
+
+// BufferSizes returns an error wrapping ErrNotSupported on this platform.
+func BufferSizes(c *net.UDPConn) (recv, send int, err error) {
+	return 0, 0, fmt.Errorf("buffer sizes: %w", ErrNotSupported)
+}
+
+// AttachSteering returns an error wrapping ErrNotSupported on this platform
+// (after validating s).
+func AttachSteering(group []*net.UDPConn, s Steering) error {
+	if err := s.validate(); err != nil {
+		return err
+	}
+	return fmt.Errorf("reuseport steering: %w", ErrNotSupported)
+}
