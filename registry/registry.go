@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -70,6 +69,8 @@ func New(cfg Config) (*Registry, error) {
 		return nil, err
 	}
 	r.cur.Store(empty)
+	r.mu.Lock() // the timer may fire before AfterFunc returns
+	defer r.mu.Unlock()
 	r.confirmed = r.now()
 	if cfg.MaxAge > 0 {
 		r.timer = time.AfterFunc(cfg.MaxAge, r.checkFreshness)
@@ -206,5 +207,3 @@ func (r *Registry) Stats() Stats {
 		Gone:          s.counts[Gone],
 	}
 }
-
-var errNilUpdater = errors.New("registry: nil Updater")

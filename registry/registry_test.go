@@ -204,6 +204,12 @@ func TestFreshnessTimer(t *testing.T) {
 	waitFor(t, r.Stale)
 	r.Close()
 	r.Confirm()
+
+	// A limit so short that the timer fires while New is still running.
+	tiny, err := New(Config{MaxAge: time.Nanosecond, Logger: quietLogger()})
+	noErr(t, err)
+	waitFor(t, tiny.Stale)
+	tiny.Close()
 	truth(t, !r.Stale(), "Confirm still clears after Close")
 	truth(t, logs.count(slog.LevelWarn) >= 4, "stale transitions logged")
 }

@@ -2,9 +2,12 @@ package registry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
+
+var errNilUpdater = errors.New("registry: nil Updater")
 
 // Updater receives a source's view of the backends. *Registry implements
 // it; wrappers (to fan out, or to log) may too.
