@@ -54,31 +54,53 @@ func Classify(b []byte, cidLen int) (Class, error) {
 	if cidLen < MinCIDLen || cidLen > MaxCIDLen {
 		return Class{}, ErrCIDLength
 	}
+	if len(b) == 0 {
+		return Class{}, ErrTooShort
+	}
+	// The same checks as parseRecord, without building a Record; on any
+	// failure parseRecord runs again to pick the error, so that both always
+	// agree (FuzzClassify checks it).
 	var c Class
 	for len(b) > 0 {
-		r, n, err := parseRecord(b, cidLen)
-		if err != nil {
-			if err == ErrTooShort && c.Records > 0 {
-				err = ErrTruncated // trailing bytes after a whole record
+		if len(b) < HeaderLen || (uint16(b[1])<<8|uint16(b[2]))|2 != VersionDTLS10 { // fe fd or fe ff
+			return c.fail(b, cidLen)
+		}
+		h := HeaderLen
+		switch t := ContentType(b[0]); {
+		case t == TLS12CID:
+			h += cidLen
+			if len(b) < h {
+				return c.fail(b, cidLen)
 			}
-			return Class{Records: c.Records}, err
+			if c.CID == nil {
+				c.CID = b[11 : h-2 : h-2]
+			}
+		case t < ChangeCipherSpec || t > ApplicationData:
+			return c.fail(b, cidLen)
+		}
+		l := int(b[h-2])<<8 | int(b[h-1])
+		if l == 0 || l > len(b)-h {
+			return c.fail(b, cidLen)
 		}
 		if c.Records == 0 {
-			c.ClientHello = r.Type == Handshake && r.Epoch == 0 && r.Fragment[0] == 1
-		}
-		if r.Type == TLS12CID && c.CID == nil {
-			c.CID = r.CID
+			c.ClientHello = b[0] == byte(Handshake) && b[3]|b[4] == 0 && b[h] == 1
 		}
 		c.Records++
-		b = b[n:]
+		b = b[h+l:]
 	}
-	switch {
-	case c.Records == 0:
-		return Class{}, ErrTooShort
-	case c.CID != nil:
-		c.Kind = KindEstablished
-	default:
+	c.Kind = KindEstablished
+	if c.CID == nil {
 		c.Kind = KindNew
 	}
 	return c, nil
+}
+
+// fail returns the error of the record at the start of b, after
+// c.Records valid ones.
+func (c *Class) fail(b []byte, cidLen int) (Class, error) {
+	_, _, err := parseRecord(b, cidLen)
+	if err == ErrTooShort && c.Records > 0 {
+		err = ErrTruncated // trailing bytes after a whole record
+	}
+	return Class{Records: c.Records}, err
 }
