@@ -22,10 +22,11 @@ type Updater interface {
 // A Source discovers a service's backends and reports them to an Updater.
 // Run calls u.Update with the whole list whenever it changes and u.Confirm
 // whenever it has checked that nothing changed, so that a registry with a
-// freshness limit stays fresh exactly as long as the source is alive and
-// in touch with its origin. Run returns when ctx is done (with nil), or
-// earlier with an error if it cannot work at all. Implement it to plug in
-// Consul, etcd, DNS or anything else.
+// freshness limit stays fresh exactly as long as the source is alive and in
+// touch with its origin (a watch-based source, like the Kubernetes one,
+// confirms while its watch is healthy: on resyncs or bookmarks). Run
+// returns nil when ctx is done, or an error earlier if it cannot work at
+// all. Implement it to plug in Consul, etcd, DNS or anything else.
 type Source interface {
 	Run(ctx context.Context, u Updater) error
 }
