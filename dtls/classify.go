@@ -60,47 +60,50 @@ func Classify(b []byte, cidLen int) (Class, error) {
 	// The same checks as parseRecord, without building a Record; on any
 	// failure parseRecord runs again to pick the error, so that both always
 	// agree (FuzzClassify checks it).
-	var c Class
+	var (
+		cid         []byte
+		clientHello bool
+		records     int
+	)
 	for len(b) > 0 {
 		if len(b) < HeaderLen || (uint16(b[1])<<8|uint16(b[2]))|2 != VersionDTLS10 { // fe fd or fe ff
-			return c.fail(b, cidLen)
+			return classifyError(b, cidLen, records)
 		}
 		h := HeaderLen
 		switch t := ContentType(b[0]); {
 		case t == TLS12CID:
 			h += cidLen
 			if len(b) < h {
-				return c.fail(b, cidLen)
+				return classifyError(b, cidLen, records)
 			}
-			if c.CID == nil {
-				c.CID = b[11 : h-2 : h-2]
+			if cid == nil {
+				cid = b[11 : h-2 : h-2]
 			}
 		case t < ChangeCipherSpec || t > ApplicationData:
-			return c.fail(b, cidLen)
+			return classifyError(b, cidLen, records)
 		}
 		l := int(b[h-2])<<8 | int(b[h-1])
 		if l == 0 || l > len(b)-h {
-			return c.fail(b, cidLen)
+			return classifyError(b, cidLen, records)
 		}
-		if c.Records == 0 {
-			c.ClientHello = b[0] == byte(Handshake) && b[3]|b[4] == 0 && b[h] == 1
+		if records == 0 {
+			clientHello = b[0] == byte(Handshake) && b[3]|b[4] == 0 && b[h] == 1
 		}
-		c.Records++
+		records++
 		b = b[h+l:]
 	}
-	c.Kind = KindEstablished
-	if c.CID == nil {
-		c.Kind = KindNew
+	if cid == nil {
+		return Class{Kind: KindNew, ClientHello: clientHello, Records: records}, nil
 	}
-	return c, nil
+	return Class{Kind: KindEstablished, CID: cid, ClientHello: clientHello, Records: records}, nil
 }
 
-// fail returns the error of the record at the start of b, after
-// c.Records valid ones.
-func (c *Class) fail(b []byte, cidLen int) (Class, error) {
+// classifyError returns the error of the record at the start of b, which
+// follows records valid ones.
+func classifyError(b []byte, cidLen, records int) (Class, error) {
 	_, _, err := parseRecord(b, cidLen)
-	if err == ErrTooShort && c.Records > 0 {
+	if err == ErrTooShort && records > 0 {
 		err = ErrTruncated // trailing bytes after a whole record
 	}
-	return Class{Records: c.Records}, err
+	return Class{Records: records}, err
 }

@@ -64,3 +64,14 @@ func TestOrdinalFirstRandom(t *testing.T) {
 	_, err = OrdinalFirst{}.Generator(ReservedOrdinal)
 	errIs(t, err, ErrReservedOrdinal)
 }
+
+// cidCodec mirrors cidroute.CIDCodec (codec.go at the repository root),
+// which this package must not import.
+type cidCodec interface {
+	Len() int
+	AppendCID(dst []byte, ordinal uint8) ([]byte, error)
+	Ordinal(cid []byte) (ordinal uint8, ok bool)
+	OrdinalOffset() int
+}
+
+var _ cidCodec = OrdinalFirst{}
