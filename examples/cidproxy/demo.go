@@ -94,9 +94,11 @@ func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Durati
 		replicas = append(replicas, r)
 		a, _ := r.pipe.Addr(demoService)
 		addrs = append(addrs, a)
+		tr.mu.Lock()
 		for _, up := range r.pipe.UpstreamAddrs(demoService) {
 			tr.replicaOfPort[up.Port()] = i
 		}
+		tr.mu.Unlock()
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup

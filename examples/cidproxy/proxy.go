@@ -27,10 +27,11 @@ type proxy struct {
 }
 
 type proxyService struct {
-	cfg    serviceConfig
-	reg    *registry.Registry
-	source registry.Source
-	file   *registry.File // nil for a static list
+	cfg     serviceConfig
+	reg     *registry.Registry
+	updater *loggingUpdater // reg, logging changes
+	source  registry.Source
+	file    *registry.File // nil for a static list
 }
 
 // newProxy builds the registries and the pipeline (which opens every
@@ -50,12 +51,13 @@ func newProxy(cfg *config, log *slog.Logger) (*proxy, error) {
 			return nil, fmt.Errorf("service %q: %w", sc.Name, err)
 		}
 		ps := &proxyService{cfg: sc, reg: reg}
+		ps.updater = &loggingUpdater{Registry: reg, log: log.With("service", sc.Name)}
 		p.services = append(p.services, ps)
 		if sc.BackendsFile != "" {
 			ps.file = &registry.File{Path: sc.BackendsFile, Logger: log.With("service", sc.Name)}
 			ps.source = ps.file
 		} else {
-			if err := reg.Update(sc.Backends); err != nil {
+			if err := ps.updater.Update(sc.Backends); err != nil {
 				p.close()
 				return nil, fmt.Errorf("service %q: %w", sc.Name, err)
 			}
@@ -81,7 +83,7 @@ func newProxy(cfg *config, log *slog.Logger) (*proxy, error) {
 	}
 	p.pipe = pipe
 	for _, ps := range p.services {
-		u := &loggingUpdater{Registry: ps.reg, log: log.With("service", ps.cfg.Name), last: ps.reg.Snapshot()}
+		u := ps.updater
 		p.sources.Go(func() {
 			if err := ps.source.Run(ctx, u); err != nil && !errors.Is(err, context.Canceled) {
 				u.log.Error("backend source stopped; routing goes on with the last backends", "err", err)
@@ -137,7 +139,7 @@ func (u *loggingUpdater) Update(bs []registry.Backend) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	s := u.Snapshot()
-	if u.last != nil && slices.Equal(u.last.Backends(), s.Backends()) {
+	if u.last != nil && slices.Equal(u.last.Backends(), s.Backends()) { // a source repeating itself
 		return nil
 	}
 	u.last = s
