@@ -9,43 +9,60 @@
 // # Algorithm
 //
 // Everything below is integer arithmetic, so amd64, arm64 and big-endian
-// s390x give bit-identical results. XXH64(b, s) is the 64-bit xxHash of the
-// bytes b with seed s, as computed by xxhash.Digest.ResetWithSeed.
+// s390x give bit-identical results (testdata/golden.txt pins them).
+// XXH64(b, s) is the 64-bit xxHash of the bytes b with seed s, as
+// xxhash.Digest computes it after ResetWithSeed(s); be32(k) is k as 4 bytes
+// big-endian.
 //
-// Key serialization. An address is 18 bytes: the 16-byte IPv6 form (IPv4 as
-// IPv4-mapped ::ffff:a.b.c.d, zone dropped, the zero address as zeros), then
-// the port big-endian (AppendAddr). PickAddrs uses the key client || service
-// (36 bytes).
+// Keys. An address is 18 bytes: its 16-byte IPv6 form (IPv4 as IPv4-mapped
+// ::ffff:a.b.c.d, zone dropped, the zero netip.Addr as 16 zero bytes), then
+// the port big-endian (AppendAddr). PickAddrs hashes client || service, 36
+// bytes.
 //
-// Buckets. A key's bucket is XXH64(key, seed) >> (64-BucketBits), i.e. the
-// top 13 bits. The table stores one owner per bucket; Pick returns the owner
-// of the key's bucket.
+// Buckets. A key's bucket is XXH64(key, seed) >> 50, the top BucketBits = 14
+// bits; Pick returns the owner of that bucket. The owners are chosen by
+// weighted rendezvous hashing over the candidates with weight > 0, as
+// follows.
 //
-// Owner of bucket j. For each candidate with weight w > 0 compute
+// Streams. A candidate with ordinal o emits points k = 0, 1, 2, …:
 //
-//	h = XXH64(be32(j) || ordinal, seed)   (5 bytes: the bucket index as 4
-//	                                       bytes big-endian, the ordinal byte)
-//	L = negLog(h)                          (≈ -ln u for a uniform u, below)
-//	S = (L · floor((2^64-1)/w)) >> 64      (128-bit product; ≈ L/w)
+//	h_k   = XXH64(be32(k) || o, seed)      (5 bytes)
+//	b_k   = h_k >> 50                      (the bucket the point lands on)
+//	e_k   = negLog(h_k << 14) >> 17        (≈ Exp(1) · 2^40, see below)
+//	tau_k = e_0 + e_1 + … + e_k            (saturating at 2^64-1)
 //
-// The owner is the candidate with the least S; ties go to the lower ordinal.
-// L/w is exponentially distributed with rate w, so a candidate owns a share
+// The candidate's score for bucket j is tau_k / weight for the first k with
+// b_k = j. The owner of j is the candidate with the least score, compared
+// exactly as tau_a·w_b < tau_b·w_a in 128-bit arithmetic; ties go to the
+// lower ordinal. Each stream is a Poisson process spread uniformly over the
+// buckets, so its first arrival at a bucket is exponential and independent
+// from bucket to bucket; dividing by the weight makes this the exponential
+// race of weighted rendezvous hashing, and a candidate owns a share
 // w/Σw of the buckets. A candidate's scores do not depend on the other
 // candidates: removing one moves only its buckets, adding one moves only the
-// buckets it now wins, and raising a weight only moves buckets to it.
+// buckets it now wins, and raising a weight moves buckets only to it.
 //
-// negLog(h), in units of 2^-57: let m = h|1, z = the number of leading zero
-// bits of m (0–63), d = 2^64 - (m<<z) as an integer in [1, 2^63], i = d>>53
-// and f = (d>>21) mod 2^32. With gTab from table.go (gTab[i] = round(2^32 ·
-// G(i/2048)) where G(y) = -ln(1-y)/y), let g = gTab[i] + (((gTab[i+1] -
-// gTab[i]) · f) >> 32); then negLog(h) = z·99893036290645747 + ((d·g) >>
-// 39), with d·g the full 128-bit product and 99893036290645747 = round(ln 2
-// · 2^57). This is -ln(2^-z · (1-y)) for y = d/2^64, computed as z·ln 2 +
-// y·G(y) so that small y, where the winning scores lie, keeps its relative
-// precision (about 1e-7).
+// New merges the streams in order of score and stops once every bucket has
+// an owner that no later point can beat, which takes about
+// Buckets·(ln Buckets + 0.6) ≈ 170,000 points whatever the number of
+// candidates. (Scoring every bucket against every candidate would cost
+// Buckets × N hashes.)
 //
-// Bucket granularity is 1/8192 of the key space, so shares are accurate to
-// well under a percentage point for a few backends; with 254 backends each
-// owns about 32 buckets, i.e. its share varies by roughly ±18 % around the
-// mean.
+// negLog(x) approximates -ln(x/2^64) in units of 2^-57. Let m = x|1, z the
+// number of leading zero bits of m (0–63), d = 2^64 - (m<<z) (an integer in
+// [1, 2^63]), i = ((d-1) >> 53) (0–1023) and f = ((d-1) >> 21) mod 2^32. With
+// gTab from table.go (gTab[i] = round(2^32 · G(i/2048)), G(y) = -ln(1-y)/y,
+// for i = 0…1024),
+//
+//	g      = gTab[i] + (((gTab[i+1] - gTab[i]) · f) >> 32)
+//	negLog = z · 99893036290645747 + ((d · g) >> 39)
+//
+// with d·g the full 128-bit product and 99893036290645747 = round(ln 2 ·
+// 2^57). This is -ln(2^-z · (1-y)) = z·ln 2 + y·G(y) for y = d/2^64, with a
+// relative error below 1e-6 (TestNegLogAccuracy).
+//
+// Balance. With 16384 buckets, a candidate's share of keys is its share of
+// buckets: within a fraction of a percentage point of w/Σw for a few
+// candidates; with 254 equal candidates each owns about 64 buckets, so shares
+// vary by about ±12 % (one standard deviation) around the mean.
 package hrw

@@ -32,8 +32,8 @@ func Example() {
 	}
 	fmt.Println(count)
 	// Output:
-	// 0 true 2
-	// [976 2024 0]
+	// 1 true 2
+	// [991 2009 0]
 }
 
 func ExampleAppendAddr() {

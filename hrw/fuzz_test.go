@@ -9,7 +9,7 @@ import (
 // FuzzPick builds a table from arbitrary candidates (5 bytes each: ordinal,
 // then weight big-endian) and checks that New rejects exactly the invalid
 // sets with the right error, and that Pick returns a candidate with weight
-// > 0 — the one the reference from the package doc computes.
+// > 0 — for small sets, the one the reference from the package doc computes.
 func FuzzPick(f *testing.F) {
 	f.Fuzz(func(t *testing.T, seed uint64, raw []byte, key []byte) {
 		var cands []Candidate
@@ -50,9 +50,11 @@ func FuzzPick(f *testing.F) {
 			t.Fatalf("Len = %d, want %d", tb.Len(), positiveWeights)
 		}
 		o, ok := tb.Pick(key)
-		want, wantOK := refPick(seed, key, cands)
-		if ok != wantOK || o != want {
-			t.Fatalf("Pick = %d %v, reference %d %v", o, ok, want, wantOK)
+		if positiveWeights <= 3 { // the reference costs ~Buckets·ln(Buckets) hashes per candidate
+			ref, refOK := refTable(seed, cands)
+			if ok != refOK || ok && o != refPick(seed, key, &ref) {
+				t.Fatalf("Pick = %d %v, reference %d %v", o, ok, refPick(seed, key, &ref), refOK)
+			}
 		}
 		if ok && weights[o] == 0 {
 			t.Fatalf("picked %d with weight 0", o)

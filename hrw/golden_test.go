@@ -85,7 +85,7 @@ func generateGolden(t *testing.T) []byte {
 #
 # neglog <h> <negLog(h)>                        (hex; fixed point 2^-57)
 # set <name> seed=<hex> cands=<ordinal:weight,...>
-# table <XXH64 (seed 0) of the 8192 bucket owners>
+# table <XXH64 (seed 0) of the 16384 bucket owners>
 # key <hex key, or empty> <picked ordinal, or - for none>
 # addrs <client> <service> <picked ordinal>     (PickAddrs)
 `)

@@ -21,7 +21,7 @@ func TestBucketHashIsXXH64(t *testing.T) {
 				b[4] = o
 				d := xxhash.NewWithSeed(seed)
 				d.Write(b[:])
-				if got, want := finish(bucketPrefix(seed, j), uint64(o)*prime5), d.Sum64(); got != want {
+				if got, want := finish(pointPrefix(seed, j), uint64(o)*prime5), d.Sum64(); got != want {
 					t.Fatalf("seed %x bucket %d ord %d: %#x, want %#x", seed, j, o, got, want)
 				}
 			}

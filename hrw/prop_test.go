@@ -10,39 +10,56 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// refOwner is the owner of bucket j computed straight from the package doc,
-// with the xxhash package doing the hashing and exact 128-bit comparison of
-// L_a·w_b against L_b·w_a (equivalent to comparing S up to its rounding;
-// see TestReciprocalMatchesExact).
-func refOwner(seed uint64, j uint32, cands []Candidate) (uint8, bool) {
-	var (
-		best   uint8
-		bestS  uint64
-		found  bool
-		buf    [5]byte
-		digest xxhash.Digest
-	)
-	binary.BigEndian.PutUint32(buf[:], j)
+// refTable computes the bucket owners straight from the package doc: it
+// walks each candidate's stream, hashing with the xxhash package, until the
+// stream has reached every bucket, then takes the least tau/w per bucket by
+// exact 128-bit comparison, ties to the lower ordinal. It costs about
+// Buckets·ln(Buckets) hashes per candidate, so tests use it for small sets.
+func refTable(seed uint64, cands []Candidate) (owner [Buckets]uint8, ok bool) {
+	best := make([]struct{ tau, w uint64 }, Buckets)
+	first := make([]uint64, Buckets)
 	for _, c := range cands {
 		if c.Weight == 0 {
 			continue
 		}
+		clear(first)
+		var (
+			left = Buckets
+			tau  uint64
+			buf  [5]byte
+			d    xxhash.Digest
+		)
 		buf[4] = c.Ordinal
-		digest.ResetWithSeed(seed)
-		digest.Write(buf[:])
-		s := score(digest.Sum64(), (1<<64-1)/uint64(c.Weight))
-		if !found || s < bestS || s == bestS && c.Ordinal < best {
-			best, bestS, found = c.Ordinal, s, true
+		for k := uint32(0); left > 0; k++ {
+			binary.BigEndian.PutUint32(buf[:], k)
+			d.ResetWithSeed(seed)
+			d.Write(buf[:])
+			h := d.Sum64()
+			tau += negLog(h<<BucketBits) >> 17
+			if j := h >> (64 - BucketBits); first[j] == 0 {
+				first[j] = tau + 1 // 0 means not reached yet
+				left--
+			}
 		}
+		w := uint64(c.Weight)
+		for j := range best {
+			f := first[j] - 1
+			h1, l1 := bits.Mul64(f, best[j].w)
+			h2, l2 := bits.Mul64(best[j].tau, w)
+			if !ok || h1 < h2 || h1 == h2 && (l1 < l2 || l1 == l2 && c.Ordinal < owner[j]) {
+				best[j].tau, best[j].w, owner[j] = f, w, c.Ordinal
+			}
+		}
+		ok = true
 	}
-	return best, found
+	return owner, ok
 }
 
-// refPick is Pick computed from the package doc.
-func refPick(seed uint64, key []byte, cands []Candidate) (uint8, bool) {
+// refPick is Pick computed from the package doc, given refTable's result.
+func refPick(seed uint64, key []byte, owner *[Buckets]uint8) uint8 {
 	d := xxhash.NewWithSeed(seed)
 	d.Write(key)
-	return refOwner(seed, uint32(d.Sum64()>>(64-BucketBits)), cands)
+	return owner[d.Sum64()>>(64-BucketBits)]
 }
 
 func mustNew(t testing.TB, seed uint64, cands []Candidate) *Table {
@@ -84,56 +101,25 @@ func TestTableMatchesReference(t *testing.T) {
 	sets := []struct {
 		seed  uint64
 		cands []Candidate
-		step  int // check every step-th bucket
 	}{
-		{0, []Candidate{{0, 1}}, 1},
-		{1, []Candidate{{2, 3}, {0, 1}, {1, 2}}, 1},
-		{0xfeedface, []Candidate{{7, 1}, {200, math.MaxUint32}, {3, 0}, {254, 1000}}, 1},
-		{42, []Candidate{{5, math.MaxUint32}, {6, math.MaxUint32}, {9, math.MaxUint32 - 1}}, 1},
-		{math.MaxUint64, mixedCands(32), 1},
-		{3, mixedCands(254), 61},
+		{0, []Candidate{{0, 1}}},
+		{1, []Candidate{{2, 3}, {0, 1}, {1, 2}}},
+		{0xfeedface, []Candidate{{7, 1}, {200, math.MaxUint32}, {3, 0}, {254, 1000}}},
+		{42, []Candidate{{5, math.MaxUint32}, {6, math.MaxUint32}, {9, math.MaxUint32 - 1}}},
+		{math.MaxUint64, []Candidate{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}}},
 	}
 	for i, s := range sets {
 		tb := mustNew(t, s.seed, s.cands)
-		for j := 0; j < Buckets; j += s.step {
-			want, _ := refOwner(s.seed, uint32(j), s.cands)
-			if got := tb.owner[j]; got != want {
-				t.Fatalf("set %d bucket %d: owner %d, want %d", i, j, got, want)
+		want, _ := refTable(s.seed, s.cands)
+		for j := range want {
+			if got := tb.owner[j]; got != want[j] {
+				t.Fatalf("set %d bucket %d: owner %d, want %d", i, j, got, want[j])
 			}
 		}
-	}
-}
-
-// TestReciprocalMatchesExact checks that ranking by S agrees with the exact
-// comparison L_a·w_b < L_b·w_a whenever the two differ by more than S's
-// rounding, i.e. the reciprocal costs no accuracy that matters.
-func TestReciprocalMatchesExact(t *testing.T) {
-	r := rand.New(rand.NewPCG(3, 4))
-	for range 200000 {
-		ha, hb := r.Uint64(), r.Uint64()
-		wa, wb := uint64(r.Uint32()|1), uint64(1+r.IntN(10))
-		if r.IntN(2) == 0 {
-			wa = uint64(1 + r.IntN(10))
-		}
-		la, lb := negLog(ha), negLog(hb)
-		sa, sb := score(ha, (1<<64-1)/wa), score(hb, (1<<64-1)/wb)
-		h1, l1 := bits.Mul64(la, wb)
-		h2, l2 := bits.Mul64(lb, wa)
-		exact := h1 < h2 || h1 == h2 && l1 < l2
-		if (sa < sb) != exact && sa != sb && sa+1 != sb && sb+1 != sa {
-			t.Fatalf("h %x/%x w %d/%d: S %d vs %d, exact less %v", ha, hb, wa, wb, sa, sb, exact)
-		}
-	}
-}
-
-func TestPickMatchesReference(t *testing.T) {
-	cands := []Candidate{{4, 10}, {1, 20}, {9, 5}, {30, 0}}
-	tb := mustNew(t, 99, cands)
-	for _, k := range testKeys(2000) {
-		got, ok := tb.Pick(k)
-		want, _ := refPick(99, k, cands)
-		if !ok || got != want {
-			t.Fatalf("Pick(%x) = %d, want %d", k, got, want)
+		for _, k := range testKeys(200) {
+			if got, _ := tb.Pick(k); got != refPick(s.seed, k, &want) {
+				t.Fatalf("set %d: Pick(%x) = %d, want %d", i, k, got, refPick(s.seed, k, &want))
+			}
 		}
 	}
 }
@@ -288,5 +274,29 @@ func TestEveryCandidateGetsBuckets(t *testing.T) {
 	}
 	if count[254] != 0 || count[255] != 0 {
 		t.Fatal("absent ordinals own buckets")
+	}
+}
+
+func TestConcurrentPick(t *testing.T) {
+	tb := mustNew(t, 21, mixedCands(16))
+	keys := testKeys(2000)
+	want := picks(t, tb, keys)
+	done := make(chan []uint8)
+	for range 4 {
+		go func() {
+			got := make([]uint8, len(keys))
+			for i, k := range keys {
+				got[i], _ = tb.Pick(k)
+			}
+			done <- got
+		}()
+	}
+	for range 4 {
+		got := <-done
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("key %d: concurrent pick %d, want %d", i, got[i], want[i])
+			}
+		}
 	}
 }
