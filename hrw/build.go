@@ -94,8 +94,15 @@ func (t *Table) run(s *stream, best []uint64, wOf *[256]uint64, theta uint64) {
 		}
 		k++
 		h = finish(pointPrefix(seed, k), mix)
+		// negLog(h << BucketBits), inlined by hand: this is the hot loop.
+		m := h<<BucketBits | 1
+		z := bits.LeadingZeros64(m)
+		d := -(m << z)
+		i := (d - 1) >> 53 & (1<<gTabBits - 1)
+		g := gTab[i] + (gTab[i+1]-gTab[i])*uint64(uint32((d-1)>>21))>>32
+		gh, gl := bits.Mul64(d, g)
 		var carry uint64
-		tau, carry = bits.Add64(tau, negLog(h<<BucketBits)>>tauShift, 0)
+		tau, carry = bits.Add64(tau, (uint64(z)*ln2Fix+(gh<<25|gl>>39))>>tauShift, 0)
 		if carry != 0 {
 			tau = 1<<64 - 1
 		}
