@@ -96,10 +96,6 @@ var (
 	tmplLocal = [prefixLen]byte{'\r', '\n', '\r', '\n', 0, '\r', '\n', 'Q', 'U', 'I', 'T', '\n', 0x20, famUnspec, 0, 0}
 )
 
-// crcTLV is what AppendHeaderCRC appends: type 0x03, length 4, checksum 0
-// (filled in afterwards).
-var crcTLV = [7]byte{TypeCRC32C, 0, 4}
-
 // Sniff reports whether b starts with the PROXY protocol v2 signature.
 func Sniff(b []byte) bool {
 	return len(b) >= len(Signature) && string(b[:len(Signature)]) == Signature
@@ -110,16 +106,85 @@ func Sniff(b []byte) bool {
 // IPv4-mapped), IPv6 otherwise. h.TLVs is checked and copied; a CRC32C TLV in
 // it has its checksum computed. It does not allocate when dst has capacity.
 func AppendHeader(dst []byte, h Header) ([]byte, error) {
-	return appendHeader(dst, h, false)
+	// The common case (PROXY, no TLVs) is handled here rather than in a
+	// helper: h is already in this frame, and passing &h on would copy it.
+	s, d := h.Src.Addr(), h.Dst.Addr()
+	if h.Command != Proxy || len(h.TLVs) != 0 {
+		return appendGeneral(dst, &h, false)
+	}
+	start := len(dst)
+	if (s.Is4() || s.Is4In6()) && (d.Is4() || d.Is4In6()) {
+		if cap(dst)-start < HeaderLen4 {
+			dst = growSlow(dst, HeaderLen4)
+		}
+		dst = dst[:start+HeaderLen4]
+		put4(dst[start:], s.As4(), d.As4(), h.Src.Port(), h.Dst.Port())
+		return dst, nil
+	}
+	if !s.IsValid() || !d.IsValid() {
+		return appendGeneral(dst, &h, false) // for the error
+	}
+	if cap(dst)-start < HeaderLen6 {
+		dst = growSlow(dst, HeaderLen6)
+	}
+	dst = dst[:start+HeaderLen6]
+	src, dstA := s.As16(), d.As16()
+	put6(dst[start:], &src, &dstA, h.Src.Port(), h.Dst.Port())
+	return dst, nil
 }
 
 // AppendHeaderCRC is AppendHeader with a CRC32C TLV appended after h.TLVs,
 // unless h.TLVs already holds one (which is then filled in).
 func AppendHeaderCRC(dst []byte, h Header) ([]byte, error) {
-	return appendHeader(dst, h, true)
+	return appendGeneral(dst, &h, true)
 }
 
-func appendHeader(dst []byte, h Header, addCRC bool) ([]byte, error) {
+// mapped4 reports whether a (an As16 form) is IPv4-mapped, ::ffff:a.b.c.d;
+// As16 writes every IPv4 address that way, so this is "is IPv4".
+func mapped4(a *[16]byte) bool {
+	return binary.BigEndian.Uint64(a[0:8]) == 0 && binary.BigEndian.Uint32(a[8:12]) == 0xffff
+}
+
+//go:noinline
+func growSlow(dst []byte, n int) []byte { return slices.Grow(dst, n) }
+
+// put4 and put6 write the fixed 16 bytes and the address block. Fixed-size
+// array assignments compile to plain moves, not memmove calls.
+func put4(b []byte, src, dst [4]byte, sport, dport uint16) {
+	b = b[:HeaderLen4]
+	*(*[prefixLen]byte)(b) = tmpl4
+	*(*[4]byte)(b[16:20]) = src
+	*(*[4]byte)(b[20:24]) = dst
+	binary.BigEndian.PutUint16(b[24:26], sport)
+	binary.BigEndian.PutUint16(b[26:28], dport)
+}
+
+func put6(b []byte, src, dst *[16]byte, sport, dport uint16) {
+	b = b[:HeaderLen6]
+	*(*[prefixLen]byte)(b) = tmpl6
+	*(*[16]byte)(b[16:32]) = *src
+	*(*[16]byte)(b[32:48]) = *dst
+	binary.BigEndian.PutUint16(b[48:50], sport)
+	binary.BigEndian.PutUint16(b[50:52], dport)
+}
+
+func appendGeneral(dst []byte, h *Header, addCRC bool) ([]byte, error) {
+	al := 0
+	var src, dstA [16]byte
+	switch h.Command {
+	case Local:
+	case Proxy:
+		if !h.Src.Addr().IsValid() || !h.Dst.Addr().IsValid() {
+			return dst, fmt.Errorf("ppv2: PROXY header needs both addresses: %w", ErrFamily)
+		}
+		src, dstA = h.Src.Addr().As16(), h.Dst.Addr().As16()
+		al = addrLen6
+		if mapped4(&src) && mapped4(&dstA) {
+			al = addrLen4
+		}
+	default:
+		return dst, fmt.Errorf("ppv2: encoding %v: %w", h.Command, ErrCommand)
+	}
 	crcAt := -1 // offset of the checksum in the TLV area
 	if len(h.TLVs) > 0 {
 		var err error
@@ -130,63 +195,39 @@ func appendHeader(dst []byte, h Header, addCRC bool) ([]byte, error) {
 	extra := 0
 	if addCRC && crcAt < 0 {
 		crcAt = len(h.TLVs) + 3
-		extra = len(crcTLV)
+		extra = 7 // type 0x03, length 4, checksum
 	}
-
-	var tmpl *[prefixLen]byte
-	var src, dstA netip.Addr
-	switch h.Command {
-	case Local:
-		tmpl = &tmplLocal
-	case Proxy:
-		src, dstA = h.Src.Addr().Unmap(), h.Dst.Addr().Unmap()
-		if !src.IsValid() || !dstA.IsValid() {
-			return dst, fmt.Errorf("ppv2: PROXY header needs both addresses: %w", ErrFamily)
-		}
-		tmpl = &tmpl6
-		if src.Is4() && dstA.Is4() {
-			tmpl = &tmpl4
-		}
-	default:
-		return dst, fmt.Errorf("ppv2: encoding %v: %w", h.Command, ErrCommand)
-	}
-	al := int(tmpl[15])
 	n := al + len(h.TLVs) + extra
 	if n > maxBlock {
 		return dst, fmt.Errorf("ppv2: %d bytes of TLVs do not fit the 16-bit length: %w", len(h.TLVs)+extra, ErrTLV)
 	}
 
-	start := len(dst)
-	dst = slices.Grow(dst, prefixLen+n)[:start+prefixLen+n]
+	start, total := len(dst), prefixLen+n
+	if cap(dst)-start < total {
+		dst = growSlow(dst, total)
+	}
+	dst = dst[:start+total]
 	b := dst[start:]
-	copy(b, tmpl[:])
-	binary.BigEndian.PutUint16(b[14:16], uint16(n))
 	switch al {
+	case 0:
+		*(*[prefixLen]byte)(b) = tmplLocal
 	case addrLen4:
-		s, d := src.As4(), dstA.As4()
-		copy(b[16:20], s[:])
-		copy(b[20:24], d[:])
-		binary.BigEndian.PutUint16(b[24:26], h.Src.Port())
-		binary.BigEndian.PutUint16(b[26:28], h.Dst.Port())
+		put4(b, [4]byte(src[12:16]), [4]byte(dstA[12:16]), h.Src.Port(), h.Dst.Port())
 	case addrLen6:
-		s, d := src.As16(), dstA.As16()
-		copy(b[16:32], s[:])
-		copy(b[32:48], d[:])
-		binary.BigEndian.PutUint16(b[48:50], h.Src.Port())
-		binary.BigEndian.PutUint16(b[50:52], h.Dst.Port())
+		put6(b, &src, &dstA, h.Src.Port(), h.Dst.Port())
 	}
-	if n == al {
-		return dst, nil
-	}
+	binary.BigEndian.PutUint16(b[14:16], uint16(n))
 	t := b[prefixLen+al:]
-	copy(t, h.TLVs)
+	if len(h.TLVs) > 0 {
+		copy(t, h.TLVs)
+	}
 	if extra > 0 {
-		copy(t[len(h.TLVs):], crcTLV[:])
+		*(*[3]byte)(t[crcAt-3:]) = [3]byte{TypeCRC32C, 0, 4}
 	}
 	if crcAt >= 0 {
-		c := t[crcAt : crcAt+4]
-		clear(c)
-		binary.BigEndian.PutUint32(c, crc32.Checksum(b, castagnoli))
+		c := (*[4]byte)(t[crcAt:])
+		*c = [4]byte{}
+		binary.BigEndian.PutUint32(c[:], crc32.Checksum(b, castagnoli))
 	}
 	return dst, nil
 }
