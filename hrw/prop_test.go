@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+	"net/netip"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
@@ -181,7 +182,7 @@ func TestRemoveMovesOnlyItsKeys(t *testing.T) {
 // count alone gives a standard deviation of about 0.3 points).
 func TestAddMovesItsShare(t *testing.T) {
 	keys := testKeys(100000)
-	for _, n := range []int{1, 4, 10, 40} {
+	for _, n := range []int{1, 4, 10, 40, 200} {
 		cands := make([]Candidate, n)
 		for i := range cands {
 			cands[i] = Candidate{Ordinal: uint8(i), Weight: 1}
@@ -297,6 +298,50 @@ func TestConcurrentPick(t *testing.T) {
 			if got[i] != want[i] {
 				t.Fatalf("key %d: concurrent pick %d, want %d", i, got[i], want[i])
 			}
+		}
+	}
+}
+
+// TestWeightClassShares: with 254 candidates of weights 1–4, each weight
+// class gets its share of keys (within 1 percentage point) and the
+// per-candidate shares stay near w/Σw.
+func TestWeightClassShares(t *testing.T) {
+	cands := mixedCands(254)
+	tb := mustNew(t, 14, cands)
+	keys := testKeys(100000)
+	sh := shares(picks(t, tb, keys))
+	var sum float64
+	for _, c := range cands {
+		sum += float64(c.Weight)
+	}
+	var class, want [5]float64
+	worst := 0.0
+	for _, c := range cands {
+		class[c.Weight] += sh[c.Ordinal]
+		want[c.Weight] += float64(c.Weight) / sum
+		worst = max(worst, math.Abs(sh[c.Ordinal]*sum/float64(c.Weight)-1))
+	}
+	for w := 1; w <= 4; w++ {
+		if math.Abs(class[w]-want[w]) > 0.01 {
+			t.Errorf("weight %d: share %.4f, want %.4f ± 0.01", w, class[w], want[w])
+		}
+	}
+	// 16384 buckets: a weight-1 candidate expects 26 buckets (σ ≈ 20 %), and
+	// 100k keys add their own noise; 254 draws stay within about ±70 %.
+	if worst > 0.8 {
+		t.Errorf("a candidate's share is off by %.0f %% of its expectation", worst*100)
+	}
+	t.Logf("largest relative deviation of a candidate's key share: %.0f %%", worst*100)
+}
+
+func TestPickAddrsIsPickOfKey(t *testing.T) {
+	tb := mustNew(t, 15, mixedCands(9))
+	s := netip.MustParseAddrPort("[2001:db8::10]:4433")
+	for i := range 1000 {
+		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), uint16(i))
+		want, _ := tb.Pick(AppendAddr(AppendAddr(nil, c), s))
+		if got, _ := tb.PickAddrs(c, s); got != want {
+			t.Fatalf("%v: PickAddrs %d, Pick %d", c, got, want)
 		}
 	}
 }
