@@ -28,9 +28,9 @@ func (k Kind) String() string {
 type Class struct {
 	Kind Kind
 	// CID is the CID of the first tls12_cid record, a view into the
-	// datagram (KindEstablished only). Later CID records are validated as
-	// records but their CIDs are not compared: a peer sends one
-	// connection's records per datagram.
+	// datagram, valid only while it is (KindEstablished only). Later CID
+	// records are validated as records but their CIDs are not compared: a
+	// peer sends one connection's records per datagram.
 	CID []byte
 	// ClientHello reports that the first record is an epoch-0 handshake
 	// record whose fragment starts with msg_type client_hello (1). It
