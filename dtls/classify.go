@@ -82,15 +82,17 @@ func Classify(b []byte, cidLen int) (Class, error) {
 		case t < ChangeCipherSpec || t > ApplicationData:
 			return classifyError(b, cidLen, records)
 		}
-		l := int(b[h-2])<<8 | int(b[h-1])
+		lb := b[h-2 : h]
+		l := int(lb[0])<<8 | int(lb[1])
 		if l == 0 || l > len(b)-h {
 			return classifyError(b, cidLen, records)
 		}
+		frag := b[h:]
 		if records == 0 {
-			clientHello = b[0] == byte(Handshake) && b[3]|b[4] == 0 && b[h] == 1
+			clientHello = b[0] == byte(Handshake) && b[3]|b[4] == 0 && frag[0] == 1
 		}
 		records++
-		b = b[h+l:]
+		b = frag[l:]
 	}
 	if cid == nil {
 		return Class{Kind: KindNew, ClientHello: clientHello, Records: records}, nil
