@@ -63,9 +63,11 @@ func (l *liveCounters) flush(c *Counters) {
 }
 
 func (l *liveCounters) load(c *Counters) {
-	c.Received += l.received.Load()
+	// Received last: flush adds it first, so a reader during traffic may
+	// see more received than accounted for, never less.
 	c.Forwarded += l.forwarded.Load()
 	for i := range l.dropped {
 		c.Dropped[i] += l.dropped[i].Load()
 	}
+	c.Received += l.received.Load()
 }
