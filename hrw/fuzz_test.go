@@ -50,10 +50,10 @@ func FuzzPick(f *testing.F) {
 			t.Fatalf("Len = %d, want %d", tb.Len(), positiveWeights)
 		}
 		o, ok := tb.Pick(key)
-		if positiveWeights <= 3 { // the reference costs ~Buckets·ln(Buckets) hashes per candidate
-			ref, refOK := refTable(seed, cands)
-			if ok != refOK || ok && o != refPick(seed, key, &ref) {
-				t.Fatalf("Pick = %d %v, reference %d %v", o, ok, refPick(seed, key, &ref), refOK)
+		if positiveWeights <= 16 { // the reference walks ~Buckets points per candidate
+			want, wantOK := refOwner(seed, refBucket(seed, key), cands)
+			if ok != wantOK || o != want {
+				t.Fatalf("Pick = %d %v, reference %d %v", o, ok, want, wantOK)
 			}
 		}
 		if ok && weights[o] == 0 {

@@ -56,11 +56,51 @@ func refTable(seed uint64, cands []Candidate) (owner [Buckets]uint8, ok bool) {
 	return owner, ok
 }
 
-// refPick is Pick computed from the package doc, given refTable's result.
-func refPick(seed uint64, key []byte, owner *[Buckets]uint8) uint8 {
+// refOwner is the owner of bucket j straight from the package doc: each
+// candidate's stream is walked (hashing with the xxhash package) to its
+// first point in j, about Buckets points per candidate.
+func refOwner(seed uint64, j uint64, cands []Candidate) (owner uint8, ok bool) {
+	var bestTau, bestW uint64
+	for _, c := range cands {
+		if c.Weight == 0 {
+			continue
+		}
+		var (
+			tau uint64
+			buf [5]byte
+			d   xxhash.Digest
+		)
+		buf[4] = c.Ordinal
+		for k := uint32(0); ; k++ {
+			binary.BigEndian.PutUint32(buf[:], k)
+			d.ResetWithSeed(seed)
+			d.Write(buf[:])
+			h := d.Sum64()
+			tau += negLog(h<<BucketBits) >> 17
+			if h>>(64-BucketBits) == j {
+				break
+			}
+		}
+		w := uint64(c.Weight)
+		h1, l1 := bits.Mul64(tau, bestW)
+		h2, l2 := bits.Mul64(bestTau, w)
+		if !ok || h1 < h2 || h1 == h2 && (l1 < l2 || l1 == l2 && c.Ordinal < owner) {
+			bestTau, bestW, owner, ok = tau, w, c.Ordinal, true
+		}
+	}
+	return owner, ok
+}
+
+// refBucket is the bucket of key.
+func refBucket(seed uint64, key []byte) uint64 {
 	d := xxhash.NewWithSeed(seed)
 	d.Write(key)
-	return owner[d.Sum64()>>(64-BucketBits)]
+	return d.Sum64() >> (64 - BucketBits)
+}
+
+// refPick is Pick computed from the package doc, given refTable's result.
+func refPick(seed uint64, key []byte, owner *[Buckets]uint8) uint8 {
+	return owner[refBucket(seed, key)]
 }
 
 func mustNew(t testing.TB, seed uint64, cands []Candidate) *Table {
@@ -115,6 +155,11 @@ func TestTableMatchesReference(t *testing.T) {
 		for j := range want {
 			if got := tb.owner[j]; got != want[j] {
 				t.Fatalf("set %d bucket %d: owner %d, want %d", i, j, got, want[j])
+			}
+		}
+		for _, j := range []uint64{0, 1, Buckets / 3, Buckets - 1} {
+			if got, _ := refOwner(s.seed, j, s.cands); got != want[j] {
+				t.Fatalf("set %d bucket %d: refOwner %d, refTable %d", i, j, got, want[j])
 			}
 		}
 		for _, k := range testKeys(200) {
