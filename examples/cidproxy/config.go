@@ -37,6 +37,8 @@ type fileService struct {
 	Listen         string          `json:"listen"`
 	CIDLength      int             `json:"cid_length"`
 	ProxyProtocol  *bool           `json:"proxy_protocol"`
+	MaxSessions    int             `json:"max_sessions"` // transparent mode only
+	SessionIdle    string          `json:"session_idle"` // transparent mode only
 	Workers        int             `json:"workers"`
 	MaxRegistryAge string          `json:"max_registry_age"`
 	Backends       json.RawMessage `json:"backends"` // registry.DecodeBackends format
@@ -65,10 +67,16 @@ type serviceConfig struct {
 	Listen   netip.AddrPort
 	// Public is the public address (the VIP) when it differs from Listen;
 	// zero means Listen. Not in the JSON yet; the demo sets it.
-	Public  netip.AddrPort
-	CIDLen  int
-	Workers int // 0 = one per CPU (GOMAXPROCS)
-	MaxAge  time.Duration
+	Public netip.AddrPort
+	CIDLen int
+	// Transparent (proxy_protocol false): no PPv2 header, one upstream
+	// socket per client address, at most MaxSessions per worker, each
+	// expiring after SessionIdle (0 = the library defaults).
+	Transparent bool
+	MaxSessions int
+	SessionIdle time.Duration
+	Workers     int // 0 = one per CPU (GOMAXPROCS)
+	MaxAge      time.Duration
 	// Exactly one of Backends (a static list, validated) and BackendsFile
 	// (an absolute path, or relative to the working directory).
 	Backends     []registry.Backend
@@ -193,8 +201,18 @@ func parseService(raw json.RawMessage) (serviceConfig, error) {
 	if err != nil || fs.CIDLength < 0 {
 		return fail("cid_length %d: %v", fs.CIDLength, err)
 	}
-	if fs.ProxyProtocol != nil && !*fs.ProxyProtocol {
-		return fail("proxy_protocol false (transparent mode) is not yet supported")
+	s.Transparent = fs.ProxyProtocol != nil && !*fs.ProxyProtocol
+	if !s.Transparent && (fs.MaxSessions != 0 || fs.SessionIdle != "") {
+		return fail("max_sessions and session_idle apply only with proxy_protocol false")
+	}
+	if fs.MaxSessions < 0 {
+		return fail("max_sessions %d: want 0 (default %d) or more", fs.MaxSessions, cidroute.DefaultMaxSessions)
+	}
+	s.MaxSessions = fs.MaxSessions
+	if fs.SessionIdle != "" {
+		if s.SessionIdle, err = time.ParseDuration(fs.SessionIdle); err != nil || s.SessionIdle <= 0 {
+			return fail("session_idle %q: want a positive Go duration such as \"2m\"", fs.SessionIdle)
+		}
 	}
 	if fs.Workers < 0 || fs.Workers > maxWorkers {
 		return fail("workers %d: want 0 (one per CPU) to %d", fs.Workers, maxWorkers)

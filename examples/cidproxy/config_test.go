@@ -74,6 +74,12 @@ func TestParseConfigGood(t *testing.T) {
 		{"log levels", `{"log_level": "error", "services": [{` + svc + `}]}`, func(t *testing.T, c *config) {
 			require.Equal(t, slog.LevelError, c.LogLevel)
 		}},
+		{"transparent mode", withServices(`{` + svc + `, "proxy_protocol": false, "max_sessions": 1000, "session_idle": "30s"}`), func(t *testing.T, c *config) {
+			s := c.Services[0]
+			require.True(t, s.Transparent)
+			require.Equal(t, 1000, s.MaxSessions)
+			require.Equal(t, 30*time.Second, s.SessionIdle)
+		}},
 		{"max age off", withServices(`{` + svc + `, "max_registry_age": "0s"}`), func(t *testing.T, c *config) {
 			require.Zero(t, c.Services[0].MaxAge)
 		}},
@@ -123,7 +129,9 @@ func TestParseConfigBad(t *testing.T) {
 		{"dtls cid too short", withServices(`{` + svc + `, "cid_length": 4}`), "cid_length 4"},
 		{"quic cid too long", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_length": 21, "backends_file": "f"}`), "cid_length 21"},
 		{"negative cid", withServices(`{` + svc + `, "cid_length": -8}`), "cid_length -8"},
-		{"transparent mode", withServices(`{` + svc + `, "proxy_protocol": false}`), "not yet supported"},
+		{"session settings without transparent mode", withServices(`{` + svc + `, "max_sessions": 10}`), "only with proxy_protocol false"},
+		{"bad session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "soon"}`), "session_idle"},
+		{"negative max sessions", withServices(`{` + svc + `, "proxy_protocol": false, "max_sessions": -1}`), "max_sessions"},
 		{"negative workers", withServices(`{` + svc + `, "workers": -1}`), "workers -1"},
 		{"too many workers", withServices(`{` + svc + `, "workers": 257}`), "workers 257"},
 		{"bad duration", withServices(`{` + svc + `, "max_registry_age": "30"}`), `max_registry_age "30"`},

@@ -41,6 +41,9 @@ var (
 	descRejected = prometheus.NewDesc("cidroute_registry_rejected_updates_total",
 		"Backend lists the registry rejected (invalid, duplicate ordinals or addresses).",
 		[]string{"service"}, nil)
+	descSessions = prometheus.NewDesc("cidroute_sessions",
+		"Transparent-mode sessions (one upstream socket per client address); always 0 with PROXY protocol.",
+		[]string{"service"}, nil)
 	descVersion = prometheus.NewDesc("cidroute_registry_snapshot_version",
 		"Version of the current registry snapshot; it grows by one with each accepted update.",
 		[]string{"service"}, nil)
@@ -53,7 +56,7 @@ var forwardReasons, reverseReasons [cidroute.NumReasons]bool
 
 func init() {
 	for _, r := range []cidroute.Reason{cidroute.Malformed, cidroute.UnknownOrdinal, cidroute.NotServing,
-		cidroute.NoReadyBackend, cidroute.StaleRegistry, cidroute.RateLimited, cidroute.SendError} {
+		cidroute.NoReadyBackend, cidroute.StaleRegistry, cidroute.RateLimited, cidroute.SendError, cidroute.SessionLimit} {
 		forwardReasons[r] = true
 	}
 	for _, r := range []cidroute.Reason{cidroute.UntrustedSender, cidroute.Malformed, cidroute.BadProxyHeader,
@@ -63,13 +66,14 @@ func init() {
 }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descBackends, descAge, descStale, descRejected, descVersion} {
+	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descBackends, descAge, descStale, descRejected, descVersion, descSessions} {
 		ch <- d
 	}
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.p.pipe.Stats() {
+		ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(s.Sessions), s.Name)
 		for _, d := range []struct {
 			name    string
 			c       *cidroute.Counters

@@ -72,8 +72,11 @@ func newProxy(cfg *config, log *slog.Logger) (*proxy, error) {
 				CIDLen:   sc.CIDLen,
 				Backends: reg,
 			},
-			Limits:  sc.Limits,
-			Workers: sc.Workers,
+			Limits:      sc.Limits,
+			Workers:     sc.Workers,
+			Transparent: sc.Transparent,
+			MaxSessions: sc.MaxSessions,
+			SessionIdle: sc.SessionIdle,
 		})
 	}
 	pipe, err := cidroute.New(pc)
