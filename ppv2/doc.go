@@ -34,8 +34,9 @@
 // Parse returns a Header whose TLVs field is a view into the datagram, and
 // the offset of the payload. The view is valid only as long as the buffer
 // is not reused. Parse does not allocate, not even for errors: every error
-// it returns is a package-level value that wraps one of the sentinels, so
-// callers test with errors.Is.
+// it returns is a package-level value (a sentinel, or one wrapping a
+// sentinel with fixed context), so a flood of bad datagrams costs no garbage.
+// Callers test with errors.Is.
 //
 // Decoding rules, in the order they are checked:
 //

@@ -49,8 +49,8 @@ const (
 type Command uint8
 
 const (
-	Local Command = 0
-	Proxy Command = 1
+	Local Command = 0 // LOCAL: no addresses; the receiver uses the real endpoints
+	Proxy Command = 1 // PROXY: Src and Dst carry the proxied addresses
 )
 
 func (c Command) String() string {
@@ -70,8 +70,9 @@ type Header struct {
 	// backend, Src is the client and Dst the service; on the way back, the
 	// reverse. They are zero for Local.
 	Src, Dst netip.AddrPort
-	// TLVs is the raw TLV area. Parse sets it to a view into the datagram;
-	// AppendHeader copies it verbatim (after checking it is well-formed).
+	// TLVs is the raw TLV area: type(1) length(2) value, repeated. Parse
+	// sets it to a view into the datagram, valid only while that buffer is;
+	// AppendHeader copies it (after checking that it is well-formed).
 	TLVs []byte
 }
 
@@ -96,15 +97,22 @@ var (
 	tmplLocal = [prefixLen]byte{'\r', '\n', '\r', '\n', 0, '\r', '\n', 'Q', 'U', 'I', 'T', '\n', 0x20, famUnspec, 0, 0}
 )
 
-// Sniff reports whether b starts with the PROXY protocol v2 signature.
+// Sniff reports whether b starts with the PROXY protocol v2 signature, so a
+// receiver can accept both proxied and direct datagrams. A datagram Sniff
+// accepts can still fail Parse. It does not allocate.
 func Sniff(b []byte) bool {
 	return len(b) >= len(Signature) && string(b[:len(Signature)]) == Signature
 }
 
 // AppendHeader appends the encoded header h to dst and returns the extended
-// slice. A Proxy header is IPv4 when both addresses are IPv4 (or
-// IPv4-mapped), IPv6 otherwise. h.TLVs is checked and copied; a CRC32C TLV in
-// it has its checksum computed. It does not allocate when dst has capacity.
+// slice. A Proxy header is IPv4 (HeaderLen4 bytes plus TLVs) when both
+// addresses are IPv4 or IPv4-mapped, and IPv6 (HeaderLen6 plus TLVs)
+// otherwise, with an IPv4 side mapped; zones are dropped. A Local header
+// ignores Src and Dst. h.TLVs is checked and copied; a CRC32C TLV in it has
+// its checksum computed. Errors: ErrFamily when a Proxy header lacks an
+// address, ErrCommand for another command, ErrTLV for a malformed TLV area or
+// one too long for the 16-bit length; dst then comes back unchanged.
+// It does not allocate when dst has capacity.
 func AppendHeader(dst []byte, h Header) ([]byte, error) {
 	// The common case (PROXY, no TLVs) is handled here rather than in a
 	// helper: h is already in this frame, and passing &h on would copy it.
