@@ -1,0 +1,263 @@
+package kubernetes
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
+)
+
+// manifestsDir holds the example deployment, in the main module's tree.
+const manifestsDir = "../../examples/kubernetes"
+
+// loadManifests decodes every YAML document of every *.yaml file in dir into
+// typed objects. Unknown fields are errors (a misspelt field would
+// otherwise be dropped silently by kubectl's client-side decoding too).
+func loadManifests(t *testing.T, dir string) []runtime.Object {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	var objs []runtime.Object
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+		for i := 0; ; i++ {
+			doc, err := r.Read()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err, f)
+			if len(bytes.TrimSpace(doc)) == 0 || isOnlyComments(doc) {
+				continue
+			}
+			obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+			require.NoError(t, err, "%s document %d", f, i)
+			strict, err := scheme.Scheme.New(*gvk)
+			require.NoError(t, err)
+			require.NoError(t, yaml.UnmarshalStrict(doc, strict), "%s document %d (%s)", f, i, gvk.Kind)
+			objs = append(objs, obj)
+		}
+	}
+	return objs
+}
+
+func isOnlyComments(doc []byte) bool {
+	for line := range strings.Lines(string(doc)) {
+		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
+			return false
+		}
+	}
+	return true
+}
+
+// proxyConfig mirrors the cidproxy config keys (examples/cidproxy), with
+// the "kubernetes" service source; unknown keys fail the decode as they
+// fail cidproxy.
+type proxyConfig struct {
+	HRWSeed       uint64 `json:"hrw_seed"`
+	MetricsListen string `json:"metrics_listen"`
+	LogLevel      string `json:"log_level"`
+	Services      []struct {
+		Name           string          `json:"name"`
+		Protocol       string          `json:"protocol"`
+		Listen         string          `json:"listen"`
+		CIDLength      int             `json:"cid_length"`
+		ProxyProtocol  *bool           `json:"proxy_protocol"`
+		Workers        int             `json:"workers"`
+		MaxRegistryAge string          `json:"max_registry_age"`
+		Backends       json.RawMessage `json:"backends"`
+		BackendsFile   string          `json:"backends_file"`
+		Limits         json.RawMessage `json:"limits"`
+		Kubernetes     *struct {
+			Namespace  string `json:"namespace"`
+			Service    string `json:"service"`
+			PortName   string `json:"port_name"`
+			Kubeconfig string `json:"kubeconfig"`
+		} `json:"kubernetes"`
+	} `json:"services"`
+}
+
+func TestManifests(t *testing.T) {
+	if _, err := os.Stat(manifestsDir); err != nil {
+		// Only a copy of this module outside the repository lacks them.
+		if _, err := os.Stat("../../go.mod"); err == nil {
+			t.Fatalf("examples/kubernetes missing: %v", err)
+		}
+		t.Skip("not in the cidroute repository")
+	}
+	objs := loadManifests(t, manifestsDir)
+
+	var (
+		namespaces      []*corev1.Namespace
+		services        []*corev1.Service
+		statefulSets    []*appsv1.StatefulSet
+		deployments     []*appsv1.Deployment
+		configMaps      []*corev1.ConfigMap
+		serviceAccounts []*corev1.ServiceAccount
+		roles           []*rbacv1.Role
+		roleBindings    []*rbacv1.RoleBinding
+	)
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *corev1.Namespace:
+			namespaces = append(namespaces, o)
+		case *corev1.Service:
+			services = append(services, o)
+		case *appsv1.StatefulSet:
+			statefulSets = append(statefulSets, o)
+		case *appsv1.Deployment:
+			deployments = append(deployments, o)
+		case *corev1.ConfigMap:
+			configMaps = append(configMaps, o)
+		case *corev1.ServiceAccount:
+			serviceAccounts = append(serviceAccounts, o)
+		case *rbacv1.Role:
+			roles = append(roles, o)
+		case *rbacv1.RoleBinding:
+			roleBindings = append(roleBindings, o)
+		default:
+			t.Fatalf("unexpected kind %T (no cluster-wide RBAC or anything else)", o)
+		}
+	}
+	require.Len(t, namespaces, 1)
+	ns := namespaces[0].Name
+	require.Len(t, statefulSets, 1)
+	require.Len(t, deployments, 1)
+	require.Len(t, configMaps, 1)
+	require.Len(t, serviceAccounts, 1)
+	require.Len(t, roles, 1)
+	require.Len(t, roleBindings, 1)
+	require.Len(t, services, 2)
+	for _, o := range objs {
+		if _, ok := o.(*corev1.Namespace); ok {
+			continue
+		}
+		m := o.(interface{ GetNamespace() string })
+		require.Equal(t, ns, m.GetNamespace(), "%T in the example namespace", o)
+	}
+
+	// Backends: a StatefulSet behind a headless Service with a UDP port.
+	sts := statefulSets[0]
+	var headless, lb *corev1.Service
+	for _, s := range services {
+		switch {
+		case s.Spec.ClusterIP == corev1.ClusterIPNone:
+			headless = s
+		case s.Spec.Type == corev1.ServiceTypeLoadBalancer:
+			lb = s
+		}
+	}
+	require.NotNil(t, headless, "a headless Service")
+	require.NotNil(t, lb, "a LoadBalancer Service")
+	require.Equal(t, headless.Name, sts.Spec.ServiceName, "the StatefulSet's serviceName is the headless Service, so endpoints carry the pod hostname")
+	require.NotNil(t, sts.Spec.Replicas)
+	require.Positive(t, *sts.Spec.Replicas)
+	require.LessOrEqual(t, *sts.Spec.Replicas, int32(255), "ordinals 0-254")
+	podLabels := labels.Set(sts.Spec.Template.Labels)
+	require.True(t, labels.SelectorFromSet(headless.Spec.Selector).Matches(podLabels), "headless Service selects the backend pods")
+	require.Equal(t, sts.Spec.Selector.MatchLabels, sts.Spec.Template.Labels)
+	require.Len(t, headless.Spec.Ports, 1)
+	backendPort := headless.Spec.Ports[0]
+	require.Equal(t, corev1.ProtocolUDP, backendPort.Protocol)
+	require.NotEmpty(t, backendPort.Name)
+	backend := sts.Spec.Template.Spec.Containers[0]
+	require.True(t, slices.ContainsFunc(backend.Ports, func(p corev1.ContainerPort) bool {
+		return p.Name == backendPort.TargetPort.StrVal && p.Protocol == corev1.ProtocolUDP
+	}), "the backend container exposes the Service's target port over UDP")
+	require.True(t, slices.ContainsFunc(backend.Env, func(e corev1.EnvVar) bool {
+		return e.ValueFrom != nil && e.ValueFrom.FieldRef != nil &&
+			(e.ValueFrom.FieldRef.FieldPath == "metadata.name" ||
+				e.ValueFrom.FieldRef.FieldPath == "metadata.labels['apps.kubernetes.io/pod-index']")
+	}), "the backend learns its ordinal from the pod")
+
+	// RBAC: get/list/watch on endpointslices, nothing more.
+	role := roles[0]
+	require.Len(t, role.Rules, 1)
+	rule := role.Rules[0]
+	require.Equal(t, []string{"discovery.k8s.io"}, rule.APIGroups)
+	require.Equal(t, []string{"endpointslices"}, rule.Resources)
+	require.ElementsMatch(t, []string{"get", "list", "watch"}, rule.Verbs)
+	require.Empty(t, rule.ResourceNames)
+	require.Empty(t, rule.NonResourceURLs)
+	sa := serviceAccounts[0]
+	rb := roleBindings[0]
+	require.Equal(t, rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}, rb.RoleRef)
+	require.Equal(t, []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: ns}}, rb.Subjects)
+
+	// The proxy Deployment: 2+ replicas under that account, with the config.
+	dep := deployments[0]
+	require.NotNil(t, dep.Spec.Replicas)
+	require.GreaterOrEqual(t, *dep.Spec.Replicas, int32(2))
+	require.Equal(t, sa.Name, dep.Spec.Template.Spec.ServiceAccountName)
+	require.Equal(t, dep.Spec.Selector.MatchLabels, dep.Spec.Template.Labels)
+	cm := configMaps[0]
+	var mountPath string
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		if v.ConfigMap != nil && v.ConfigMap.Name == cm.Name {
+			for _, m := range dep.Spec.Template.Spec.Containers[0].VolumeMounts {
+				if m.Name == v.Name {
+					mountPath = m.MountPath
+				}
+			}
+		}
+	}
+	require.NotEmpty(t, mountPath, "the ConfigMap is mounted")
+	proxy := dep.Spec.Template.Spec.Containers[0]
+	require.Contains(t, proxy.Args, mountPath+"/config.json")
+
+	// The proxy config: valid JSON naming the headless Service and its port.
+	raw, ok := cm.Data["config.json"]
+	require.True(t, ok)
+	var cfg proxyConfig
+	dec := json.NewDecoder(strings.NewReader(raw))
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&cfg))
+	require.NotZero(t, cfg.HRWSeed, "replicas must share an explicit seed")
+	require.Len(t, cfg.Services, 1)
+	svc := cfg.Services[0]
+	require.NotNil(t, svc.Kubernetes)
+	require.Nil(t, svc.Backends, "kubernetes replaces backends")
+	require.Empty(t, svc.BackendsFile)
+	require.Equal(t, ns, svc.Kubernetes.Namespace)
+	require.Equal(t, headless.Name, svc.Kubernetes.Service)
+	require.Equal(t, backendPort.Name, svc.Kubernetes.PortName)
+	require.Empty(t, svc.Kubernetes.Kubeconfig, "in-cluster config")
+	age, err := time.ParseDuration(svc.MaxRegistryAge)
+	require.NoError(t, err)
+	require.Positive(t, age, "freshness on: an unreachable API server stops new handshakes")
+	_, err = New(Config{Client: newCluster(t).cs, Namespace: svc.Kubernetes.Namespace, Service: svc.Kubernetes.Service, PortName: svc.Kubernetes.PortName})
+	require.NoError(t, err, "the source accepts the config")
+	listenPort, err := strconv.Atoi(svc.Listen[strings.LastIndexByte(svc.Listen, ':')+1:])
+	require.NoError(t, err, svc.Listen)
+
+	// The load balancer: UDP to the proxies, keeping client addresses.
+	require.Equal(t, corev1.ServiceExternalTrafficPolicyLocal, lb.Spec.ExternalTrafficPolicy)
+	require.True(t, labels.SelectorFromSet(lb.Spec.Selector).Matches(labels.Set(dep.Spec.Template.Labels)))
+	require.False(t, labels.SelectorFromSet(lb.Spec.Selector).Matches(podLabels), "the load balancer does not reach the backends")
+	require.Len(t, lb.Spec.Ports, 1)
+	lbPort := lb.Spec.Ports[0]
+	require.Equal(t, corev1.ProtocolUDP, lbPort.Protocol)
+	require.True(t, slices.ContainsFunc(proxy.Ports, func(p corev1.ContainerPort) bool {
+		return p.Name == lbPort.TargetPort.StrVal && p.Protocol == corev1.ProtocolUDP && p.ContainerPort == int32(listenPort)
+	}), "the load balancer targets the port cidproxy listens on")
+}
