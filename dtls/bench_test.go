@@ -18,6 +18,16 @@ func BenchmarkClassify(b *testing.B) {
 	b.Run("cid-record", func(b *testing.B) { benchClassify(b, readHex(b, "pion_appdata.hex")) })
 	b.Run("clienthello", func(b *testing.B) { benchClassify(b, readHex(b, "openssl_clienthello.hex")) })
 	b.Run("flight5", func(b *testing.B) { benchClassify(b, readHex(b, "pion_flight5.hex")) })
+	b.Run("truncated", func(b *testing.B) { // the error path, for floods of garbage
+		d := readHex(b, "pion_appdata.hex")
+		d = d[:len(d)-1]
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := Classify(d, liveCIDLen); err != ErrTruncated {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 func BenchmarkParseRecord(b *testing.B) {
