@@ -1,0 +1,76 @@
+// Package backend is the backend side of PROXY protocol v2 over UDP: a
+// net.PacketConn that a DTLS or QUIC server (pion/dtls, quic-go, or plain
+// code) reads and writes as if clients sent to it directly, while the
+// datagrams actually pass through cidroute proxies.
+//
+// # Receive: inspect
+//
+// Each datagram is sniffed for the PPv2 signature ("sniff, don't require"):
+//
+//   - With the signature, it is accepted only when its measured sender is in
+//     Config.TrustedProxies (else dropped, DroppedUntrusted) and the header
+//     parses (else DroppedBadHeader). A PROXY header is stripped and the
+//     reader gets the payload with an Addr that keeps the claimed client
+//     (Addr.Client, whose String is what stacks and logs see), the service
+//     address the proxy wrote as destination (Addr.Service) and the measured
+//     proxy (Addr.Proxy) apart. A LOCAL header (a proxy's own traffic, e.g.
+//     a health check) is delivered as a direct datagram from the proxy, as
+//     the protocol says, or dropped with Config.DropLocal.
+//   - Without it, Config.Direct decides: accept as direct (default, so PPv2
+//     can be enabled on backends before proxies), drop only datagrams that
+//     start a session (DTLS ClientHello, QUIC Initial/0-RTT; so no new client
+//     bypasses the proxy tier), or drop all.
+//
+// Every datagram is counted once (Stats). Reading allocates nothing in steady
+// state: ReadFrom hands out a shared *Addr per (client, service, proxy), and
+// ReadFromAddr returns the Addr by value.
+//
+// # Send: the reply path and the route table
+//
+// Two cases are kept apart, because mixing them in one mutable "client →
+// last proxy" entry lets a second request (Q2, via proxy B) redirect the reply
+// to a first one (Q1, via proxy A) that is still being processed:
+//
+//   - A reply to a datagram is written to the Addr ReadFrom returned with it.
+//     It carries its own measured proxy, so it leaves through the proxy that
+//     delivered that datagram, with the reverse header (source = Addr.Service,
+//     destination = Addr.Client). No table is consulted.
+//   - A message the server starts later names only the client (a
+//     *net.UDPAddr, or WriteToCID with the session's connection ID), and goes
+//     through the route table: the newest committed route of that client
+//     address, or of that CID once the session has one. The table is bounded
+//     (Config.MaxRoutes) and routes expire (Config.RouteIdle).
+//
+// A route is committed only after the protocol layer accepted a datagram, in
+// two phases: ReadFrom inspects (nothing is committed), the DTLS or QUIC stack
+// authenticates, and then the route is committed, so a forged datagram cannot
+// redirect replies. Commit does it explicitly; by default a write to a proxied
+// Addr also commits that client's route (commit-on-write), which is sound for
+// stacks that write to a peer address only once they accepted a datagram from
+// it:
+//
+//   - pion/dtls v3 writes every record to its Conn's remote address, which it
+//     sets when the session is created and moves only when an authenticated
+//     tls12_cid record with the newest sequence number arrives from another
+//     address (RFC 9146 §6). The piondtls package (dtls/piondtls) runs pion
+//     over a Conn and, on each such write, also commits the session's CID.
+//   - quic-go writes to a connection's active path, to which it switches only
+//     after path validation, and sends PATH_CHALLENGE probes only to
+//     addresses whose packets decrypted. quic-go compares non-UDPAddr
+//     addresses by String, that is by client address: a client that stays
+//     on its address but reaches the backend through another proxy replica
+//     keeps being answered through the first proxy, which works as long as
+//     that replica is up (replicas are interchangeable on the reverse path).
+//
+// Writes put the header and the payload in two iovecs of one datagram
+// (udpio); the payload is not copied. Writing to a *Addr allocates nothing.
+//
+// # quic-go
+//
+// quic-go accepts any net.PacketConn as Transport.Conn. Conn forwards
+// SetReadBuffer, SetWriteBuffer and SyscallConn, so quic-go sizes the socket
+// buffers without its warning; it is not an OOBCapablePacketConn, so quic-go
+// uses plain ReadFrom/WriteTo (no GSO, no ECN). The PPv2 header (28 bytes for
+// IPv4, 52 for IPv6) travels on the backend–proxy hop only; the proxy's
+// MaxDatagram must leave room for it.
+package backend
