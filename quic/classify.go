@@ -69,12 +69,12 @@ func Classify(b []byte, serverCIDLen int) (Class, error) {
 		}
 		return Class{Kind: KindEstablished, Type: Short, DCID: b[1 : 1+serverCIDLen], Packets: 1}, nil
 	}
-	h, err := ParseHeader(b, serverCIDLen)
+	typ, version, dcid, n, err := scan(b, serverCIDLen)
 	if err != nil {
 		return Class{}, err
 	}
-	c := Class{Type: h.Type, DCID: h.DCID, Version: h.Version}
-	switch h.Type {
+	c := Class{Type: typ, DCID: dcid, Version: version}
+	switch typ {
 	case Initial, ZeroRTT, UnknownVersion:
 		c.Kind = KindNew
 	case Handshake, Short:
@@ -85,7 +85,7 @@ func Classify(b []byte, serverCIDLen int) (Class, error) {
 	off := 0
 	for {
 		c.Packets++
-		switch h.Type {
+		switch typ {
 		case Initial:
 			c.Initial = true
 		case ZeroRTT:
@@ -93,7 +93,7 @@ func Classify(b []byte, serverCIDLen int) (Class, error) {
 		case Retry, VersionNegotiation:
 			return Class{}, ErrServerOnly
 		}
-		off += h.Len
+		off += n
 		if off >= len(b) {
 			break
 		}
@@ -102,10 +102,10 @@ func Classify(b []byte, serverCIDLen int) (Class, error) {
 			c.Padding = len(rest)
 			break
 		}
-		if h, err = ParseHeader(rest, serverCIDLen); err != nil {
+		if typ, _, dcid, n, err = scan(rest, serverCIDLen); err != nil {
 			return Class{}, err
 		}
-		if !bytes.Equal(h.DCID, c.DCID) {
+		if !bytes.Equal(dcid, c.DCID) {
 			return Class{}, ErrDCIDMismatch
 		}
 	}

@@ -113,105 +113,116 @@ type Header struct {
 // lets peers grease it). It does not remove header protection, so reserved
 // bits and packet numbers are not examined.
 func ParseHeader(b []byte, shortDCIDLen int) (Header, error) {
-	var h Header
+	typ, version, dcid, n, err := scan(b, shortDCIDLen)
+	if err != nil {
+		return Header{}, err
+	}
+	h := Header{Type: typ, Version: version, DCID: dcid, Len: n}
+	if typ == Short {
+		return h, nil
+	}
+	// scan checked every bound used below.
+	off := 6 + len(dcid)
+	sl := int(b[off])
+	h.SCID = b[off+1 : off+1+sl]
+	off += 1 + sl
+	switch typ {
+	case Initial:
+		tl, k := varint(b[off:])
+		h.Token = b[off+k : off+k+int(tl)]
+	case Retry:
+		h.Token = b[off : n-16]
+	}
+	return h, nil
+}
+
+// scan parses the packet at the start of b just far enough to know its
+// type, version, DCID and length. Classify walks datagrams with it;
+// ParseHeader adds the SCID and token.
+func scan(b []byte, shortDCIDLen int) (typ PacketType, version uint32, dcid []byte, n int, err error) {
 	if len(b) == 0 {
-		return h, ErrTooShort
+		return 0, 0, nil, 0, ErrTooShort
 	}
 	if !IsLong(b[0]) {
 		// Header protection samples 16 bytes starting 4 bytes after the
 		// packet number offset (RFC 9001 §5.4.2), so a real 1-RTT packet
 		// has at least 20 bytes after its DCID.
-		if shortDCIDLen < 0 || shortDCIDLen > MaxCIDLen {
-			return h, ErrCIDLength
+		if uint(shortDCIDLen) > MaxCIDLen {
+			return 0, 0, nil, 0, ErrCIDLength
 		}
 		if len(b) < 1+shortDCIDLen+20 {
-			return h, ErrTooShort
+			return 0, 0, nil, 0, ErrTooShort
 		}
-		h.Type = Short
-		h.DCID = b[1 : 1+shortDCIDLen]
-		h.Len = len(b)
-		return h, nil
+		return Short, 0, b[1 : 1+shortDCIDLen], len(b), nil
 	}
 
 	// Invariants (RFC 8999 §5.1): first octet, version, DCID, SCID.
 	if len(b) < 7 {
-		return h, ErrTruncated
+		return 0, 0, nil, 0, ErrTruncated
 	}
-	h.Version = binary.BigEndian.Uint32(b[1:5])
-	known := h.Version == Version1 || h.Version == Version2
-	off := 5
-	dl := int(b[off])
-	off++
+	version = binary.BigEndian.Uint32(b[1:5])
+	known := version == Version1 || version == Version2
+	dl := int(b[5])
 	if known && dl > MaxCIDLen {
-		return h, ErrCIDLength
+		return 0, 0, nil, 0, ErrCIDLength
 	}
-	if len(b) < off+dl+1 {
-		return h, ErrTruncated
+	off := 6 + dl
+	if len(b) < off+1 {
+		return 0, 0, nil, 0, ErrTruncated
 	}
-	h.DCID = b[off : off+dl]
-	off += dl
+	dcid = b[6:off]
 	sl := int(b[off])
-	off++
 	if known && sl > MaxCIDLen {
-		return h, ErrCIDLength
+		return 0, 0, nil, 0, ErrCIDLength
 	}
-	if len(b) < off+sl {
-		return h, ErrTruncated
+	off += 1 + sl
+	if len(b) < off {
+		return 0, 0, nil, 0, ErrTruncated
 	}
-	h.SCID = b[off : off+sl]
-	off += sl
 
-	switch {
-	case h.Version == 0:
-		h.Type = VersionNegotiation
-		h.Len = len(b)
-		return h, nil
-	case h.Version == Version1:
-		h.Type = v1Types[b[0]>>4&3]
-	case h.Version == Version2:
-		h.Type = v2Types[b[0]>>4&3]
+	switch version {
+	case 0:
+		return VersionNegotiation, 0, dcid, len(b), nil
+	case Version1:
+		typ = v1Types[b[0]>>4&3]
+	case Version2:
+		typ = v2Types[b[0]>>4&3]
 	default:
-		h.Type = UnknownVersion
-		h.Len = len(b)
-		return h, nil
+		return UnknownVersion, version, dcid, len(b), nil
 	}
 
-	switch h.Type {
+	switch typ {
 	case Retry:
 		// Retry Token, then a 16-byte integrity tag (RFC 9001 §5.8).
 		if len(b)-off < 16 {
-			return h, ErrTruncated
+			return 0, 0, nil, 0, ErrTruncated
 		}
-		h.Token = b[off : len(b)-16]
-		h.Len = len(b)
-		return h, nil
+		return Retry, version, dcid, len(b), nil
 	case Initial:
-		tl, n := varint(b[off:])
-		if n == 0 {
-			return h, ErrTruncated
+		tl, k := varint(b[off:])
+		if k == 0 {
+			return 0, 0, nil, 0, ErrTruncated
 		}
-		off += n
+		off += k
 		if tl > uint64(len(b)-off) {
-			return h, ErrTruncated
+			return 0, 0, nil, 0, ErrTruncated
 		}
-		h.Token = b[off : off+int(tl)]
 		off += int(tl)
 	}
-	pl, n := varint(b[off:])
-	if n == 0 {
-		return h, ErrTruncated
+	pl, k := varint(b[off:])
+	if k == 0 {
+		return 0, 0, nil, 0, ErrTruncated
 	}
-	off += n
+	off += k
 	if pl > uint64(len(b)-off) {
-		return h, ErrTruncated
+		return 0, 0, nil, 0, ErrTruncated
 	}
 	// Packet number (1..4) + payload with a 16-byte AEAD tag; the header
 	// protection sample needs 4+16 bytes (RFC 9001 §5.4.2).
 	if pl < 20 {
-		return h, ErrTooShort
+		return 0, 0, nil, 0, ErrTooShort
 	}
-	h.Len = off + int(pl)
-	return h, nil
+	return typ, version, dcid, off + int(pl), nil
 }
 
 // varint decodes a QUIC variable-length integer (RFC 9000 §16). n is 0 when
