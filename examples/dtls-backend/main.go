@@ -1,0 +1,116 @@
+// Command dtls-backend is a pion/dtls v3 echo server meant to run behind
+// cidproxy: it reads PROXY protocol v2 from trusted proxies, issues
+// ordinal-first connection IDs (RFC 9146) so that every proxy replica
+// routes a session's records to it, and answers through the proxy that
+// delivered each record. It echoes every application record back.
+//
+//	dtls-backend -ordinal 0 -listen 127.0.0.1:5685 -psk 6369647230757465
+//	dtls-backend                       # ordinal from HOSTNAME (ds-2 → 2), certificate mode
+//
+// Without -psk it runs in certificate mode, with -cert/-key or with a
+// self-signed certificate generated at start. It logs the claimed client
+// address and the measured proxy address apart, once per session event
+// (started, moved, ended), never per datagram. SIGINT or SIGTERM stops it.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/cidroute/cidroute/examples/internal/backendcfg"
+	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stderr, nil)
+	stop()
+	os.Exit(code)
+}
+
+// run is main without the process. started, when set, is called with the
+// running server.
+func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtlsecho.Server)) int {
+	fs := flag.NewFlagSet("dtls-backend", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "0.0.0.0:5684", "UDP `address` to listen on")
+	ordinal := fs.Int("ordinal", -1, "the backend's ordinal 0-254 (default: from the HOSTNAME suffix, ds-2 → 2)")
+	cidLen := fs.Int("cid-len", 8, "connection ID length; the proxies' cid_len must match")
+	psk := fs.String("psk", "", "pre-shared key in `hex`: PSK mode (TLS_PSK_WITH_AES_128_CCM_8, _GCM_SHA256); empty: certificate mode")
+	hint := fs.String("psk-identity-hint", "cidroute", "PSK identity hint sent to clients")
+	certFile := fs.String("cert", "", "certificate PEM `file` (certificate mode; default: self-signed at start)")
+	keyFile := fs.String("key", "", "private key PEM `file` for -cert")
+	trusted := fs.String("trusted-proxies", backendcfg.DefaultTrusted, "comma-separated `prefixes` allowed to send PROXY v2 headers")
+	direct := fs.String("direct", "accept", "datagrams without PROXY v2: accept, no-handshake (drop direct ClientHellos) or drop")
+	prefix := fs.String("prefix", "", "`text` prepended to every echo")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "dtls-backend: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	log, err := backendcfg.Logger(stderr, *level)
+	if err != nil {
+		fmt.Fprintf(stderr, "dtls-backend: %v\n", err)
+		return 2
+	}
+	cfg := dtlsecho.Config{CIDLen: *cidLen, PSKIdentityHint: *hint, Prefix: *prefix, Logger: log}
+	var from string
+	cfg.Ordinal, from, err = backendcfg.Resolve(*ordinal, nil)
+	if err == nil {
+		cfg.Listen, err = netip.ParseAddrPort(*listen)
+	}
+	if err == nil {
+		cfg.TrustedProxies, err = backendcfg.ParsePrefixes(*trusted)
+	}
+	if err == nil {
+		cfg.Direct, err = backendcfg.ParseDirect(*direct)
+	}
+	if err == nil && *psk != "" {
+		cfg.PSK, err = hex.DecodeString(*psk)
+		if err == nil && len(cfg.PSK) == 0 {
+			err = fmt.Errorf("-psk: empty key")
+		}
+	}
+	mode := "psk"
+	if err == nil && *psk == "" {
+		mode = "certificate (self-signed)"
+		if *certFile != "" || *keyFile != "" {
+			var c tls.Certificate
+			c, err = tls.LoadX509KeyPair(*certFile, *keyFile)
+			cfg.Certificate = &c
+			mode = "certificate " + *certFile
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "dtls-backend: %v\n", err)
+		return 2
+	}
+	srv, err := dtlsecho.Listen(cfg)
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return 1
+	}
+	log.Info("dtls-backend started", "ordinal", cfg.Ordinal, "ordinal_from", from, "listen", srv.Addr(),
+		"mode", mode, "cid_len", cfg.CIDLen, "trusted_proxies", *trusted, "direct", *direct)
+	if started != nil {
+		started(srv)
+	}
+	<-ctx.Done()
+	srv.Close()
+	st, dm := srv.Stats()
+	log.Info("dtls-backend stopped", "sessions", dm.NewSessions,
+		"proxied", st.AcceptedProxied, "direct", st.AcceptedDirect, "dropped", st.Dropped(),
+		"dropped_untrusted", st.DroppedUntrusted, "dropped_no_session", dm.DroppedNoSession)
+	return 0
+}

@@ -1,0 +1,126 @@
+package main
+
+// The binary's own plumbing: flags, both modes, logs, stop on context.
+// Sessions through cidproxy replicas are tested in examples/e2e.
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	pion "github.com/pion/dtls/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+)
+
+// syncBuffer is a log sink the server goroutines and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start runs the command with args until the test ends.
+func start(t *testing.T, args ...string) (*dtlsecho.Server, *syncBuffer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &syncBuffer{}
+	srvc := make(chan *dtlsecho.Server, 1)
+	code := make(chan int, 1)
+	go func() { code <- run(ctx, args, logs, func(s *dtlsecho.Server) { srvc <- s }) }()
+	var srv *dtlsecho.Server
+	select {
+	case srv = <-srvc:
+	case c := <-code:
+		t.Fatalf("exited %d: %s", c, logs)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not started")
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case c := <-code:
+			require.Equal(t, 0, c, logs.String())
+		case <-time.After(5 * time.Second):
+			t.Error("did not stop")
+		}
+		require.Contains(t, logs.String(), "dtls-backend stopped")
+	})
+	return srv, logs
+}
+
+func echo(t *testing.T, srv *dtlsecho.Server, cfg *pion.Config, msg string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	c, err := pion.Client(udp, net.UDPAddrFromAddrPort(srv.Addr()), cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.HandshakeContext(ctx))
+	_, err = c.Write([]byte(msg))
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	buf := make([]byte, 256)
+	n, err := c.Read(buf)
+	require.NoError(t, err)
+	return string(buf[:n])
+}
+
+func TestPSKMode(t *testing.T) {
+	srv, logs := start(t, "-listen", "127.0.0.1:0", "-ordinal", "4", "-psk", "73656372", "-prefix", "b4: ")
+	require.Equal(t, uint8(4), srv.Ordinal())
+	got := echo(t, srv, dtlsecho.PSKClientConfig([]byte("secr"), "tester"), "hello")
+	require.Equal(t, "b4: hello", got)
+	out := logs.String()
+	require.Contains(t, out, "ordinal=4 ordinal_from=flag")
+	require.Contains(t, out, "mode=psk")
+	require.Contains(t, out, `msg="session started"`)
+	require.Contains(t, out, `proxy="none (direct)"`) // no proxy in front here
+	require.Contains(t, out, "cipher_suite=TLS_PSK_WITH_AES_128_CCM_8")
+}
+
+func TestCertificateModeOrdinalFromHostname(t *testing.T) {
+	t.Setenv("HOSTNAME", "ds-7")
+	srv, logs := start(t, "-listen", "127.0.0.1:0")
+	require.Equal(t, uint8(7), srv.Ordinal())
+	cfg := &pion.Config{InsecureSkipVerify: true, ConnectionIDGenerator: pion.OnlySendCIDGenerator()}
+	require.Equal(t, "ping", echo(t, srv, cfg, "ping"))
+	require.Contains(t, logs.String(), "ordinal_from=\"HOSTNAME ds-7\"")
+	require.Contains(t, logs.String(), "certificate (self-signed)")
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-ordinal", "255"},
+		{"-ordinal", "1", "-listen", "nope"},
+		{"-ordinal", "1", "-psk", "zz"},
+		{"-ordinal", "1", "-trusted-proxies", "10.0.0.0/99"},
+		{"-ordinal", "1", "-direct", "sometimes"},
+		{"-ordinal", "1", "-log-level", "loud"},
+		{"-ordinal", "1", "extra"},
+		{"-bogus"},
+	} {
+		var out syncBuffer
+		code := run(context.Background(), args, &out, nil)
+		require.Equal(t, 2, code, "%q: %s", args, out.String())
+		require.NotEmpty(t, strings.TrimSpace(out.String()))
+	}
+}

@@ -1,0 +1,351 @@
+// Package dtlsecho is the pion/dtls v3 echo server of examples/dtls-backend,
+// as a library so that the end-to-end tests and cidproxy's demo can start
+// it in-process.
+//
+// A Server reads its UDP socket through ppv2/backend (PROXY protocol v2
+// from trusted proxies stripped, the claimed client kept apart from the
+// measured proxy) and dtls/piondtls (sessions told apart by connection ID,
+// then by client address), and issues ordinal-first connection IDs, so
+// that cidroute proxies route every record of a session to it. It logs one
+// line when a session starts, when its client moves, and when it ends,
+// never one per datagram.
+package dtlsecho
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	pion "github.com/pion/dtls/v3"
+
+	"github.com/cidroute/cidroute/dtls/piondtls"
+	"github.com/cidroute/cidroute/examples/internal/selfsigned"
+	"github.com/cidroute/cidroute/ppv2/backend"
+)
+
+// Config configures a Server. The zero value listens on 127.0.0.1, with
+// ordinal 0, 8-byte CIDs, a self-signed certificate, and no trusted proxy.
+type Config struct {
+	// Listen is the UDP address to bind (zero: 127.0.0.1 on any port).
+	Listen netip.AddrPort
+	// Ordinal is written into every connection ID the server issues.
+	Ordinal uint8
+	// CIDLen is the connection ID length (0 = 8); the proxies must be
+	// configured with the same.
+	CIDLen int
+	// PSK selects PSK mode (TLS_PSK_WITH_AES_128_CCM_8 and
+	// TLS_PSK_WITH_AES_128_GCM_SHA256) with this key for every identity.
+	// Without it the server runs in certificate mode.
+	PSK []byte
+	// PSKIdentityHint is sent to PSK clients (default "cidroute").
+	PSKIdentityHint string
+	// Certificate is the certificate-mode certificate; nil generates a
+	// self-signed one at start.
+	Certificate *tls.Certificate
+	// TrustedProxies and Direct are the PPv2 adapter's settings (see
+	// backend.Config).
+	TrustedProxies []netip.Prefix
+	Direct         backend.DirectPolicy
+	// Prefix is prepended to every echo, so a client can tell which server
+	// answered.
+	Prefix string
+	// HandshakeTimeout bounds each handshake (0 = 10 s).
+	HandshakeTimeout time.Duration
+	// Logger receives the per-session lines (nil: discarded).
+	Logger *slog.Logger
+	// Observe, when set, is called with every message before it is echoed,
+	// from the session's goroutine.
+	Observe func(Message)
+}
+
+// A Message is one application record a session received. Data is valid
+// only during the Observe call.
+type Message struct {
+	Session uint64
+	From    backend.Addr // the session's peer when it arrived
+	Data    []byte
+}
+
+// A Session is what the server knows of one DTLS session.
+type Session struct {
+	ID          uint64
+	First, Last backend.Addr // the peer at the start and now
+	Messages    int
+	Moves       int  // how often the peer changed (client or proxy)
+	Open        bool // not ended yet
+}
+
+// A Server is a running echo server. Its methods are safe for concurrent
+// use.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	bc  *backend.Conn
+	pl  *piondtls.PacketListener
+	ln  net.Listener
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+
+	mu       sync.Mutex
+	next     uint64
+	sessions map[uint64]*Session
+	conns    map[uint64]net.Conn
+}
+
+// Listen binds the socket and starts serving.
+func Listen(cfg Config) (*Server, error) {
+	if cfg.CIDLen == 0 {
+		cfg.CIDLen = 8
+	}
+	if cfg.PSKIdentityHint == "" {
+		cfg.PSKIdentityHint = "cidroute"
+	}
+	if cfg.HandshakeTimeout == 0 {
+		cfg.HandshakeTimeout = 10 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	gen, err := piondtls.Generator(cfg.Ordinal, cfg.CIDLen)
+	if err != nil {
+		return nil, fmt.Errorf("dtlsecho: %w", err)
+	}
+	pc := &pion.Config{ConnectionIDGenerator: gen, ExtendedMasterSecret: pion.RequestExtendedMasterSecret}
+	if cfg.PSK != nil {
+		key := cfg.PSK
+		pc.PSK = func([]byte) ([]byte, error) { return key, nil }
+		pc.PSKIdentityHint = []byte(cfg.PSKIdentityHint)
+		pc.CipherSuites = []pion.CipherSuiteID{pion.TLS_PSK_WITH_AES_128_CCM_8, pion.TLS_PSK_WITH_AES_128_GCM_SHA256}
+	} else {
+		cert := cfg.Certificate
+		if cert == nil {
+			c, err := selfsigned.New("localhost")
+			if err != nil {
+				return nil, fmt.Errorf("dtlsecho: self-signed certificate: %w", err)
+			}
+			cert = &c
+		}
+		pc.Certificates = []tls.Certificate{*cert}
+	}
+	laddr := cfg.Listen
+	if !laddr.IsValid() {
+		laddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 0)
+	}
+	udp, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(laddr))
+	if err != nil {
+		return nil, fmt.Errorf("dtlsecho: %w", err)
+	}
+	bc, err := backend.New(udp, backend.Config{
+		TrustedProxies: cfg.TrustedProxies,
+		Direct:         cfg.Direct,
+		Protocol:       backend.DTLS,
+		CIDLen:         cfg.CIDLen,
+	})
+	if err != nil {
+		udp.Close()
+		return nil, fmt.Errorf("dtlsecho: %w", err)
+	}
+	pl, err := piondtls.NewPacketListener(bc, piondtls.Config{CIDLen: cfg.CIDLen})
+	if err != nil {
+		bc.Close()
+		return nil, fmt.Errorf("dtlsecho: %w", err)
+	}
+	ln, err := pion.NewListener(pl, pc)
+	if err != nil {
+		pl.Close()
+		bc.Close()
+		return nil, fmt.Errorf("dtlsecho: %w", err)
+	}
+	s := &Server{cfg: cfg, log: log.With("ordinal", cfg.Ordinal), bc: bc, pl: pl, ln: ln,
+		sessions: map[uint64]*Session{}, conns: map[uint64]net.Conn{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.accept()
+	return s, nil
+}
+
+// Addr returns the bound address.
+func (s *Server) Addr() netip.AddrPort {
+	a := s.bc.LocalAddr().(*net.UDPAddr).AddrPort()
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+// Ordinal returns the server's ordinal.
+func (s *Server) Ordinal() uint8 { return s.cfg.Ordinal }
+
+// Stats returns the PPv2 adapter's and the session demultiplexer's
+// counters.
+func (s *Server) Stats() (backend.Stats, piondtls.Stats) { return s.bc.Stats(), s.pl.Stats() }
+
+// Sessions returns every session the server has had, in the order they
+// started.
+func (s *Server) Sessions() []Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Session, 0, len(s.sessions))
+	for id := uint64(1); id <= s.next; id++ {
+		if ss, ok := s.sessions[id]; ok {
+			out = append(out, *ss)
+		}
+	}
+	return out
+}
+
+// Close stops accepting, ends every session, closes the socket and waits
+// for the server's goroutines. It is idempotent.
+func (s *Server) Close() error {
+	s.once.Do(func() {
+		s.cancel()
+		s.ln.Close()
+		s.mu.Lock()
+		for _, c := range s.conns {
+			c.Close()
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+		s.bc.Close()
+	})
+	return nil
+}
+
+func (s *Server) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if s.ctx.Err() == nil && !errors.Is(err, piondtls.ErrClosed) {
+				s.log.Error("accept failed", "err", err)
+			}
+			return
+		}
+		s.mu.Lock()
+		if s.ctx.Err() != nil {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.next++
+		id := s.next
+		s.conns[id] = c
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.serve(id, c.(*pion.Conn))
+	}
+}
+
+func peer(c net.Conn) backend.Addr {
+	if a, ok := c.RemoteAddr().(*backend.Addr); ok {
+		return *a
+	}
+	return backend.Addr{}
+}
+
+// addrAttrs logs the claimed client and the measured proxy apart.
+func addrAttrs(a backend.Addr) []any {
+	if !a.Proxied() {
+		return []any{"client", a.Client, "proxy", "none (direct)"}
+	}
+	return []any{"client", a.Client, "proxy", a.Proxy, "service", a.Service}
+}
+
+func (s *Server) serve(id uint64, c *pion.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		c.Close()
+		s.mu.Lock()
+		delete(s.conns, id)
+		s.mu.Unlock()
+	}()
+	first := peer(c)
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
+	err := c.HandshakeContext(ctx)
+	cancel()
+	if err != nil {
+		if s.ctx.Err() == nil {
+			s.log.Warn("handshake failed", append(addrAttrs(first), "err", err)...)
+		}
+		return
+	}
+	ss := &Session{ID: id, First: first, Last: first, Open: true}
+	s.mu.Lock()
+	s.sessions[id] = ss
+	s.mu.Unlock()
+	var suite string
+	if st, ok := c.ConnectionState(); ok {
+		suite = st.CipherSuiteID.String()
+	}
+	s.log.Info("session started", append([]any{"session", id}, append(addrAttrs(first), "cipher_suite", suite)...)...)
+
+	buf := make([]byte, 16384)
+	out := make([]byte, 0, len(s.cfg.Prefix)+len(buf))
+	last, msgs := first, 0
+	for {
+		n, err := c.Read(buf)
+		if err != nil {
+			s.mu.Lock()
+			ss.Open = false
+			s.mu.Unlock()
+			s.log.Info("session ended", "session", id, "client", last.Client, "messages", msgs, "reason", endReason(err))
+			return
+		}
+		now := peer(c)
+		msgs++
+		s.mu.Lock()
+		ss.Messages++
+		moved := now != last
+		if moved {
+			ss.Moves++
+			ss.Last = now
+		}
+		s.mu.Unlock()
+		if moved {
+			s.log.Info("session moved", append([]any{"session", id, "from", last.Client}, addrAttrs(now)...)...)
+			last = now
+		}
+		if s.cfg.Observe != nil {
+			s.cfg.Observe(Message{Session: id, From: now, Data: buf[:n]})
+		}
+		out = append(append(out[:0], s.cfg.Prefix...), buf[:n]...)
+		if _, err := c.Write(out); err != nil {
+			s.log.Info("session ended", "session", id, "client", last.Client, "messages", msgs, "reason", endReason(err))
+			s.mu.Lock()
+			ss.Open = false
+			s.mu.Unlock()
+			return
+		}
+	}
+}
+
+func endReason(err error) string {
+	if errors.Is(err, net.ErrClosed) || errors.Is(err, piondtls.ErrClosed) {
+		return "closed"
+	}
+	if errors.Is(err, io.EOF) {
+		return "close_notify"
+	}
+	return err.Error()
+}
+
+// PSKClientConfig is a pion client configuration that matches a PSK-mode
+// Server: it offers connection ID support (sending the server's CIDs,
+// asking for none itself), as RFC 9146 clients behind NAT do.
+func PSKClientConfig(psk []byte, identity string) *pion.Config {
+	return &pion.Config{
+		PSK:                   func([]byte) ([]byte, error) { return psk, nil },
+		PSKIdentityHint:       []byte(identity),
+		CipherSuites:          []pion.CipherSuiteID{pion.TLS_PSK_WITH_AES_128_CCM_8},
+		ConnectionIDGenerator: pion.OnlySendCIDGenerator(),
+		ExtendedMasterSecret:  pion.RequestExtendedMasterSecret,
+	}
+}

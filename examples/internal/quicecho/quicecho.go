@@ -1,0 +1,300 @@
+// Package quicecho is the quic-go echo server of examples/quic-backend, as a
+// library so that the end-to-end tests can start it in-process.
+//
+// A Server runs a quic.Transport over ppv2/backend (PROXY protocol v2 from
+// trusted proxies stripped, the claimed client kept apart from the measured
+// proxy) with quic/quicgo's Generator as its ConnectionIDGenerator, so every
+// connection ID it issues, the Initial SCID and those of its
+// NEW_CONNECTION_ID frames, carries its ordinal. Each stream echoes what it
+// reads. It logs one line when a connection starts, when its client moves
+// (connection migration, NAT rebinding) and when it ends.
+package quicecho
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/cidroute/cidroute/examples/internal/selfsigned"
+	"github.com/cidroute/cidroute/ppv2/backend"
+	"github.com/cidroute/cidroute/quic/quicgo"
+)
+
+// DefaultALPN is the protocol the server offers when Config.ALPN is empty.
+const DefaultALPN = "cidroute-echo"
+
+// Config configures a Server. The zero value listens on 127.0.0.1 with
+// ordinal 0, QUIC-LB plaintext CIDs of 12 bytes, a self-signed certificate
+// and no trusted proxy.
+type Config struct {
+	// Listen is the UDP address to bind (zero: 127.0.0.1 on any port).
+	Listen netip.AddrPort
+	// Ordinal is written into every connection ID the server issues.
+	Ordinal uint8
+	// Codec is the CID layout (nil: QUIC-LB plaintext, 12 bytes); the
+	// proxies must use the same.
+	Codec quicgo.Codec
+	// ALPN lists the application protocols offered (default DefaultALPN).
+	ALPN []string
+	// Certificate is the TLS certificate; nil generates a self-signed one.
+	Certificate *tls.Certificate
+	// TrustedProxies and Direct are the PPv2 adapter's settings (see
+	// backend.Config).
+	TrustedProxies []netip.Prefix
+	Direct         backend.DirectPolicy
+	// Logger receives the per-connection lines (nil: discarded).
+	Logger *slog.Logger
+	// Observe, when set, is called with every chunk a stream reads before
+	// it is echoed.
+	Observe func(Message)
+}
+
+// A Message is one chunk a stream read. Data is valid only during the
+// Observe call.
+type Message struct {
+	Conn uint64
+	From backend.Addr // the connection's peer when it was read
+	Data []byte
+}
+
+// A Connection is what the server knows of one QUIC connection.
+type Connection struct {
+	ID          uint64
+	First, Last backend.Addr // the peer at the start and now
+	Streams     int
+	Bytes       int64
+	Moves       int // how often the peer changed (client or proxy)
+	Open        bool
+}
+
+// A Server is a running echo server. Its methods are safe for concurrent
+// use.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	bc  *backend.Conn
+	tr  *quic.Transport
+	ln  *quic.Listener
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+
+	mu    sync.Mutex
+	next  uint64
+	conns map[uint64]*Connection
+}
+
+// TLSConfig returns the server TLS configuration for cert (nil: a fresh
+// self-signed certificate) and alpn.
+func TLSConfig(cert *tls.Certificate, alpn []string) (*tls.Config, error) {
+	if cert == nil {
+		c, err := selfsigned.New("localhost")
+		if err != nil {
+			return nil, err
+		}
+		cert = &c
+	}
+	if len(alpn) == 0 {
+		alpn = []string{DefaultALPN}
+	}
+	return &tls.Config{Certificates: []tls.Certificate{*cert}, NextProtos: alpn}, nil
+}
+
+// Listen binds the socket and starts serving.
+func Listen(cfg Config) (*Server, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	gen, err := quicgo.NewGenerator(cfg.Codec, cfg.Ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("quicecho: %w", err)
+	}
+	tlsConf, err := TLSConfig(cfg.Certificate, cfg.ALPN)
+	if err != nil {
+		return nil, fmt.Errorf("quicecho: certificate: %w", err)
+	}
+	laddr := cfg.Listen
+	if !laddr.IsValid() {
+		laddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 0)
+	}
+	udp, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(laddr))
+	if err != nil {
+		return nil, fmt.Errorf("quicecho: %w", err)
+	}
+	bc, err := backend.New(udp, backend.Config{
+		TrustedProxies: cfg.TrustedProxies,
+		Direct:         cfg.Direct,
+		Protocol:       backend.QUIC,
+		CIDLen:         gen.ConnectionIDLen(),
+	})
+	if err != nil {
+		udp.Close()
+		return nil, fmt.Errorf("quicecho: %w", err)
+	}
+	var resetKey quic.StatelessResetKey
+	rand.Read(resetKey[:])
+	tr := &quic.Transport{Conn: bc, ConnectionIDGenerator: gen, StatelessResetKey: &resetKey}
+	ln, err := tr.Listen(tlsConf, &quic.Config{})
+	if err != nil {
+		tr.Close()
+		bc.Close()
+		return nil, fmt.Errorf("quicecho: %w", err)
+	}
+	s := &Server{cfg: cfg, log: log.With("ordinal", cfg.Ordinal), bc: bc, tr: tr, ln: ln, conns: map[uint64]*Connection{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.accept()
+	return s, nil
+}
+
+// Addr returns the bound address.
+func (s *Server) Addr() netip.AddrPort {
+	a := s.bc.LocalAddr().(*net.UDPAddr).AddrPort()
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+// Ordinal returns the server's ordinal.
+func (s *Server) Ordinal() uint8 { return s.cfg.Ordinal }
+
+// Stats returns the PPv2 adapter's counters.
+func (s *Server) Stats() backend.Stats { return s.bc.Stats() }
+
+// Connections returns every connection the server has accepted, in order.
+func (s *Server) Connections() []Connection {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Connection, 0, len(s.conns))
+	for id := uint64(1); id <= s.next; id++ {
+		if c, ok := s.conns[id]; ok {
+			out = append(out, *c)
+		}
+	}
+	return out
+}
+
+// Close closes every connection and the socket, and waits for the
+// server's goroutines. It is idempotent.
+func (s *Server) Close() error {
+	s.once.Do(func() {
+		s.cancel()
+		s.ln.Close()
+		s.tr.Close()
+		s.wg.Wait()
+		s.bc.Close()
+	})
+	return nil
+}
+
+func (s *Server) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept(s.ctx)
+		if err != nil {
+			if s.ctx.Err() == nil && !errors.Is(err, quic.ErrServerClosed) && !errors.Is(err, quic.ErrTransportClosed) {
+				s.log.Error("accept failed", "err", err)
+			}
+			return
+		}
+		s.mu.Lock()
+		s.next++
+		id := s.next
+		first := peer(c)
+		s.conns[id] = &Connection{ID: id, First: first, Last: first, Open: true}
+		s.mu.Unlock()
+		s.log.Info("connection started", append([]any{"conn", id, "alpn", c.ConnectionState().TLS.NegotiatedProtocol}, addrAttrs(first)...)...)
+		s.wg.Add(1)
+		go s.serve(id, c)
+	}
+}
+
+func peer(c *quic.Conn) backend.Addr {
+	if a, ok := c.RemoteAddr().(*backend.Addr); ok {
+		return *a
+	}
+	return backend.Addr{}
+}
+
+// addrAttrs logs the claimed client and the measured proxy apart.
+func addrAttrs(a backend.Addr) []any {
+	if !a.Proxied() {
+		return []any{"client", a.Client, "proxy", "none (direct)"}
+	}
+	return []any{"client", a.Client, "proxy", a.Proxy, "service", a.Service}
+}
+
+func (s *Server) serve(id uint64, c *quic.Conn) {
+	defer s.wg.Done()
+	var streams sync.WaitGroup
+	defer streams.Wait()
+	for {
+		st, err := c.AcceptStream(s.ctx)
+		if err != nil {
+			s.mu.Lock()
+			cn := s.conns[id]
+			cn.Open = false
+			client, bytes := cn.Last.Client, cn.Bytes
+			s.mu.Unlock()
+			s.log.Info("connection ended", "conn", id, "client", client, "bytes", bytes, "reason", endReason(err))
+			return
+		}
+		s.mu.Lock()
+		s.conns[id].Streams++
+		s.mu.Unlock()
+		streams.Go(func() { s.echo(id, c, st) })
+	}
+}
+
+func (s *Server) echo(id uint64, c *quic.Conn, st *quic.Stream) {
+	defer st.Close()
+	buf := make([]byte, 16384)
+	for {
+		n, err := st.Read(buf)
+		if n > 0 {
+			now := peer(c)
+			s.mu.Lock()
+			cn := s.conns[id]
+			cn.Bytes += int64(n)
+			last := cn.Last
+			if now != last {
+				cn.Moves++
+				cn.Last = now
+			}
+			s.mu.Unlock()
+			if now != last {
+				s.log.Info("connection moved", append([]any{"conn", id, "from", last.Client}, addrAttrs(now)...)...)
+			}
+			if s.cfg.Observe != nil {
+				s.cfg.Observe(Message{Conn: id, From: now, Data: buf[:n]})
+			}
+			if _, werr := st.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func endReason(err error) string {
+	var app *quic.ApplicationError
+	switch {
+	case errors.As(err, &app):
+		return fmt.Sprintf("closed by peer (code %d)", app.ErrorCode)
+	case errors.Is(err, context.Canceled), errors.Is(err, io.EOF):
+		return "closed"
+	}
+	return err.Error()
+}
