@@ -1,0 +1,113 @@
+// Command quic-backend is a quic-go echo server meant to run behind
+// cidproxy: it reads PROXY protocol v2 from trusted proxies and issues
+// QUIC-LB connection IDs that carry its ordinal (the Initial SCID and
+// every NEW_CONNECTION_ID), so that every proxy replica routes a
+// connection's packets to it, including after the client migrates. Every
+// stream echoes what it reads.
+//
+//	quic-backend -ordinal 0 -listen 127.0.0.1:4434 -alpn cidroute-echo
+//	quic-backend                       # ordinal from HOSTNAME (qs-2 → 2)
+//
+// It uses -cert/-key or a self-signed certificate generated at start. It
+// logs the claimed client address and the measured proxy address apart,
+// once per connection event (started, moved, ended), never per packet.
+// SIGINT or SIGTERM stops it.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/cidroute/cidroute/examples/internal/backendcfg"
+	"github.com/cidroute/cidroute/examples/internal/quicecho"
+	"github.com/cidroute/cidroute/quic"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stderr, nil)
+	stop()
+	os.Exit(code)
+}
+
+// run is main without the process. started, when set, is called with the
+// running server.
+func run(ctx context.Context, args []string, stderr io.Writer, started func(*quicecho.Server)) int {
+	fs := flag.NewFlagSet("quic-backend", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "0.0.0.0:443", "UDP `address` to listen on")
+	ordinal := fs.Int("ordinal", -1, "the backend's ordinal 0-254 (default: from the HOSTNAME suffix, qs-2 → 2)")
+	cidLen := fs.Int("cid-len", 12, "QUIC-LB connection ID length (6-20); the proxies' cid_len must match")
+	alpn := fs.String("alpn", quicecho.DefaultALPN, "comma-separated ALPN `protocols` offered")
+	certFile := fs.String("cert", "", "certificate PEM `file` (default: self-signed at start)")
+	keyFile := fs.String("key", "", "private key PEM `file` for -cert")
+	trusted := fs.String("trusted-proxies", backendcfg.DefaultTrusted, "comma-separated `prefixes` allowed to send PROXY v2 headers")
+	direct := fs.String("direct", "accept", "datagrams without PROXY v2: accept, no-handshake (drop direct Initials) or drop")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "quic-backend: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	log, err := backendcfg.Logger(stderr, *level)
+	if err != nil {
+		fmt.Fprintf(stderr, "quic-backend: %v\n", err)
+		return 2
+	}
+	cfg := quicecho.Config{Codec: quic.LB{Length: *cidLen}, Logger: log}
+	for p := range strings.SplitSeq(*alpn, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			cfg.ALPN = append(cfg.ALPN, p)
+		}
+	}
+	var from string
+	cfg.Ordinal, from, err = backendcfg.Resolve(*ordinal, nil)
+	if err == nil {
+		cfg.Listen, err = netip.ParseAddrPort(*listen)
+	}
+	if err == nil {
+		cfg.TrustedProxies, err = backendcfg.ParsePrefixes(*trusted)
+	}
+	if err == nil {
+		cfg.Direct, err = backendcfg.ParseDirect(*direct)
+	}
+	if err == nil && len(cfg.ALPN) == 0 {
+		err = fmt.Errorf("-alpn: no protocol")
+	}
+	cert := "self-signed"
+	if err == nil && (*certFile != "" || *keyFile != "") {
+		var c tls.Certificate
+		c, err = tls.LoadX509KeyPair(*certFile, *keyFile)
+		cfg.Certificate, cert = &c, *certFile
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "quic-backend: %v\n", err)
+		return 2
+	}
+	srv, err := quicecho.Listen(cfg)
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return 1
+	}
+	log.Info("quic-backend started", "ordinal", cfg.Ordinal, "ordinal_from", from, "listen", srv.Addr(),
+		"alpn", strings.Join(cfg.ALPN, ","), "certificate", cert, "cid_len", *cidLen, "trusted_proxies", *trusted, "direct", *direct)
+	if started != nil {
+		started(srv)
+	}
+	<-ctx.Done()
+	srv.Close()
+	st := srv.Stats()
+	log.Info("quic-backend stopped", "connections", len(srv.Connections()),
+		"proxied", st.AcceptedProxied, "direct", st.AcceptedDirect, "dropped", st.Dropped(), "dropped_untrusted", st.DroppedUntrusted)
+	return 0
+}

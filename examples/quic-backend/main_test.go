@@ -1,0 +1,112 @@
+package main
+
+// The binary's own plumbing: flags, logs, stop on context. Connections
+// through cidproxy replicas are tested in examples/e2e.
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/examples/internal/quicecho"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestEchoDirect(t *testing.T) {
+	t.Setenv("HOSTNAME", "qs-3")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &syncBuffer{}
+	srvc := make(chan *quicecho.Server, 1)
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"-listen", "127.0.0.1:0", "-alpn", "echo-test"}, logs, func(s *quicecho.Server) { srvc <- s })
+	}()
+	var srv *quicecho.Server
+	select {
+	case srv = <-srvc:
+	case c := <-code:
+		t.Fatalf("exited %d: %s", c, logs)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not started")
+	}
+	require.Equal(t, uint8(3), srv.Ordinal())
+
+	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer dcancel()
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	tr := &quic.Transport{Conn: udp}
+	defer tr.Close()
+	conn, err := tr.Dial(dctx, net.UDPAddrFromAddrPort(srv.Addr()),
+		&tls.Config{InsecureSkipVerify: true, NextProtos: []string{"echo-test"}}, &quic.Config{})
+	require.NoError(t, err)
+	s, err := conn.OpenStreamSync(dctx)
+	require.NoError(t, err)
+	_, err = s.Write([]byte("hello quic"))
+	require.NoError(t, err)
+	got := make([]byte, len("hello quic"))
+	_, err = io.ReadFull(s, got)
+	require.NoError(t, err)
+	require.Equal(t, "hello quic", string(got))
+	require.NoError(t, conn.CloseWithError(0, "bye"))
+
+	cancel()
+	select {
+	case c := <-code:
+		require.Equal(t, 0, c, logs.String())
+	case <-time.After(5 * time.Second):
+		t.Fatal("did not stop")
+	}
+	out := logs.String()
+	require.Contains(t, out, `ordinal_from="HOSTNAME qs-3"`)
+	require.Contains(t, out, `msg="connection started"`)
+	require.Contains(t, out, "alpn=echo-test")
+	require.Contains(t, out, `proxy="none (direct)"`)
+	require.Contains(t, out, "quic-backend stopped")
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-ordinal", "300"},
+		{"-ordinal", "1", "-listen", "nope"},
+		{"-ordinal", "1", "-alpn", ","},
+		{"-ordinal", "1", "-trusted-proxies", "x"},
+		{"-ordinal", "1", "-direct", "x"},
+		{"-ordinal", "1", "-cert", "/nonexistent.pem"},
+		{"-ordinal", "1", "extra"},
+	} {
+		var out syncBuffer
+		c := run(context.Background(), args, &out, nil)
+		require.Equal(t, 2, c, "%q: %s", args, out.String())
+		require.NotEmpty(t, strings.TrimSpace(out.String()))
+	}
+	// A CID length the codec refuses fails at start.
+	var out syncBuffer
+	require.Equal(t, 1, run(context.Background(), []string{"-ordinal", "1", "-listen", "127.0.0.1:0", "-cid-len", "3"}, &out, nil), out.String())
+}
