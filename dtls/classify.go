@@ -60,11 +60,9 @@ func Classify(b []byte, cidLen int) (Class, error) {
 	// The same checks as parseRecord, without building a Record; on any
 	// failure parseRecord runs again to pick the error, so that both always
 	// agree (FuzzClassify checks it).
-	var (
-		cid         []byte
-		clientHello bool
-		records     int
-	)
+	first := b
+	var cid []byte
+	records := 0
 	for len(b) > 0 {
 		if len(b) < HeaderLen || (uint16(b[1])<<8|uint16(b[2]))|2 != VersionDTLS10 { // fe fd or fe ff
 			return classifyError(b, cidLen, records)
@@ -87,13 +85,12 @@ func Classify(b []byte, cidLen int) (Class, error) {
 		if l == 0 || l > len(b)-h {
 			return classifyError(b, cidLen, records)
 		}
-		frag := b[h:]
-		if records == 0 {
-			clientHello = b[0] == byte(Handshake) && b[3]|b[4] == 0 && frag[0] == 1
-		}
 		records++
-		b = frag[l:]
+		b = b[h+l:]
 	}
+	// The first record is a whole one: as a handshake record it has a
+	// 13-byte header and at least one fragment byte, the msg_type.
+	clientHello := len(first) > HeaderLen && first[0] == byte(Handshake) && first[3]|first[4] == 0 && first[HeaderLen] == 1
 	if cid == nil {
 		return Class{Kind: KindNew, ClientHello: clientHello, Records: records}, nil
 	}

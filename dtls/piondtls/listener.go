@@ -1,0 +1,421 @@
+package piondtls
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	piondtls "github.com/pion/dtls/v3"
+	dtlsnet "github.com/pion/dtls/v3/pkg/net"
+	"github.com/pion/transport/v5/deadline"
+
+	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/ppv2/backend"
+)
+
+// Sentinel errors; test with errors.Is.
+var (
+	// ErrClosed is returned by Accept after Close, and by a session's
+	// reads and writes after it or its listener's socket closed.
+	ErrClosed = errors.New("piondtls: closed")
+	// ErrConfig is wrapped when the configuration cannot work.
+	ErrConfig = errors.New("piondtls: invalid configuration")
+)
+
+// Config tunes a PacketListener. The zero value means defaults.
+type Config struct {
+	// CIDLen is the length of the connection IDs the server issues (its
+	// ConnectionIDGenerator's), used to find the CID of incoming tls12_cid
+	// records. 0 means no CIDs: sessions are told apart by client address.
+	CIDLen int
+	// Backlog is the number of new sessions that may wait for Accept
+	// (0 = 128); ClientHellos beyond it are dropped.
+	Backlog int
+	// Queue is the number of datagrams buffered per session (0 = 64);
+	// datagrams beyond it are dropped, as a socket buffer would.
+	Queue int
+}
+
+// Stats counts the datagrams the demultiplexer handled.
+type Stats struct {
+	Delivered        uint64 // handed to a session
+	NewSessions      uint64 // sessions created from a ClientHello
+	DroppedNoSession uint64 // no session by CID or client address, and not a ClientHello
+	DroppedMalformed uint64 // not a valid DTLS 1.2 datagram
+	DroppedBacklog   uint64 // ClientHello with the accept backlog full, or after Close
+	DroppedQueue     uint64 // session queue full
+	Sessions         int    // live sessions
+}
+
+// Listen returns a DTLS listener that serves pion/dtls v3 sessions over
+// conn: NewPacketListener wrapped by pion's dtls.NewListener. The CID
+// length is taken from cfg.ConnectionIDGenerator (set it to an
+// OrdinalFirst generator, see Generator, so that the proxy can route by
+// CID); without one, sessions are told apart by client address only and
+// do not survive a client address change.
+//
+// The listener owns conn: closing the listener stops accepting, and conn
+// is closed once the listener is closed and its last session has ended.
+func Listen(conn *backend.Conn, cfg *piondtls.Config) (net.Listener, error) {
+	if cfg == nil {
+		return nil, fmt.Errorf("piondtls: nil dtls.Config: %w", ErrConfig)
+	}
+	var pc Config
+	if cfg.ConnectionIDGenerator != nil {
+		pc.CIDLen = len(cfg.ConnectionIDGenerator())
+	}
+	pl, err := NewPacketListener(conn, pc)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := piondtls.NewListener(pl, cfg)
+	if err != nil {
+		pl.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// Generator returns pion's ConnectionIDGenerator for a backend's ordinal,
+// with cidroute's ordinal-first layout of length cidLen (0 = 8).
+func Generator(ordinal uint8, cidLen int) (func() []byte, error) {
+	return dtls.OrdinalFirst{Length: cidLen}.Generator(ordinal)
+}
+
+// A PacketListener demultiplexes the datagrams of a backend.Conn into one
+// net.PacketConn per DTLS session, for pion's dtls.NewListener (or
+// dtls.Server per accepted session). A datagram goes to the session whose
+// CID its first tls12_cid record carries, else to the session of its
+// claimed client address, else, if it is a ClientHello, to a new session
+// that Accept returns.
+//
+// Each session's PacketConn is also the commit point of the backend's
+// route table: pion writes a session's records to its remote address,
+// which it sets from the first datagram and moves only when an
+// authenticated tls12_cid record with the newest sequence number arrives
+// from another address. On every write the session commits that address
+// with its CID (backend.Conn.Commit) and re-keys itself under the new
+// client address, so server-initiated messages (Conn.WriteToCID) follow
+// the client, and a forged datagram, which pion rejects, moves nothing.
+type PacketListener struct {
+	conn   *backend.Conn
+	cfg    Config
+	accept chan *session
+
+	mu       sync.Mutex
+	byCID    map[string]*session
+	byClient map[netip.AddrPort]*session
+	sessions int
+	closed   bool // no more sessions
+	readErr  error
+
+	done     chan struct{} // closed by Close
+	readDone chan struct{} // closed when the read loop ends
+	once     sync.Once
+
+	st struct {
+		delivered, newSessions, noSession, malformed, backlog, queue atomic.Uint64
+	}
+}
+
+var _ dtlsnet.PacketListener = (*PacketListener)(nil)
+
+// NewPacketListener starts demultiplexing conn. See Listen for ownership.
+func NewPacketListener(conn *backend.Conn, cfg Config) (*PacketListener, error) {
+	if cfg.Backlog == 0 {
+		cfg.Backlog = 128
+	}
+	if cfg.Queue == 0 {
+		cfg.Queue = 64
+	}
+	if cfg.CIDLen < 0 || cfg.CIDLen > dtls.MaxCIDLen || cfg.Backlog < 1 || cfg.Queue < 1 {
+		return nil, fmt.Errorf("piondtls: CID length %d, backlog %d, queue %d: %w", cfg.CIDLen, cfg.Backlog, cfg.Queue, ErrConfig)
+	}
+	l := &PacketListener{
+		conn:     conn,
+		cfg:      cfg,
+		accept:   make(chan *session, cfg.Backlog),
+		byCID:    map[string]*session{},
+		byClient: map[netip.AddrPort]*session{},
+		done:     make(chan struct{}),
+		readDone: make(chan struct{}),
+	}
+	go l.readLoop()
+	return l, nil
+}
+
+// Accept returns the next new session: its PacketConn and the client's
+// *backend.Addr.
+func (l *PacketListener) Accept() (net.PacketConn, net.Addr, error) {
+	select {
+	case s := <-l.accept:
+		return s, s.first, nil
+	case <-l.done:
+		return nil, nil, ErrClosed
+	case <-l.readDone:
+		return nil, nil, l.readError()
+	}
+}
+
+// Close stops accepting sessions and closes those not yet accepted. The
+// socket stays open for the accepted ones and is closed after the last
+// of them.
+func (l *PacketListener) Close() error {
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		close(l.done)
+		l.mu.Unlock()
+		for {
+			select {
+			case s := <-l.accept:
+				s.Close()
+				continue
+			default:
+			}
+			break
+		}
+		l.mu.Lock()
+		last := l.sessions == 0
+		l.mu.Unlock()
+		if last {
+			l.conn.Close()
+		}
+	})
+	return nil
+}
+
+// Addr returns the socket's local address.
+func (l *PacketListener) Addr() net.Addr { return l.conn.LocalAddr() }
+
+// Stats returns the demultiplexer's counters.
+func (l *PacketListener) Stats() Stats {
+	l.mu.Lock()
+	n := l.sessions
+	l.mu.Unlock()
+	return Stats{
+		Delivered:        l.st.delivered.Load(),
+		NewSessions:      l.st.newSessions.Load(),
+		DroppedNoSession: l.st.noSession.Load(),
+		DroppedMalformed: l.st.malformed.Load(),
+		DroppedBacklog:   l.st.backlog.Load(),
+		DroppedQueue:     l.st.queue.Load(),
+		Sessions:         n,
+	}
+}
+
+func (l *PacketListener) readError() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.readErr == nil || errors.Is(l.readErr, net.ErrClosed) {
+		return ErrClosed
+	}
+	return l.readErr
+}
+
+func (l *PacketListener) readLoop() {
+	defer close(l.readDone)
+	buf := make([]byte, 65536)
+	for {
+		n, a, err := l.conn.ReadFrom(buf)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue // someone set a deadline on the shared socket
+			}
+			l.mu.Lock()
+			l.readErr = err
+			l.mu.Unlock()
+			return
+		}
+		ap := a.(*backend.Addr)
+		s := l.route(buf[:n], ap)
+		if s == nil {
+			continue
+		}
+		s.deliver(buf[:n], ap)
+	}
+}
+
+// route finds or creates the session of datagram b from a.
+func (l *PacketListener) route(b []byte, a *backend.Addr) *session {
+	cidLen := l.cfg.CIDLen
+	if cidLen == 0 {
+		cidLen = dtls.MinCIDLen // no tls12_cid records expected; any is malformed for pion too
+	}
+	cl, err := dtls.Classify(b, cidLen)
+	if err != nil {
+		l.st.malformed.Add(1)
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if cl.Kind == dtls.KindEstablished && l.cfg.CIDLen > 0 {
+		if s := l.byCID[string(cl.CID)]; s != nil {
+			l.st.delivered.Add(1)
+			return s
+		}
+	}
+	if s := l.byClient[a.Client]; s != nil {
+		l.st.delivered.Add(1)
+		return s
+	}
+	if !cl.ClientHello {
+		l.st.noSession.Add(1)
+		return nil
+	}
+	if l.closed {
+		l.st.backlog.Add(1)
+		return nil
+	}
+	s := l.newSession(a)
+	select {
+	case l.accept <- s:
+	default:
+		l.st.backlog.Add(1)
+		return nil
+	}
+	l.byClient[a.Client] = s
+	l.sessions++
+	l.st.newSessions.Add(1)
+	l.st.delivered.Add(1)
+	return s
+}
+
+// endSession removes s from the demultiplexer; l.mu is not held.
+func (l *PacketListener) endSession(s *session) {
+	l.mu.Lock()
+	if l.byClient[s.client] == s {
+		delete(l.byClient, s.client)
+	}
+	if s.cid != "" && l.byCID[s.cid] == s {
+		delete(l.byCID, s.cid)
+	}
+	l.sessions--
+	last := l.closed && l.sessions == 0
+	client, cid := s.client, s.cidB
+	l.mu.Unlock()
+	l.conn.Forget(client, cid)
+	if last {
+		l.conn.Close()
+	}
+}
+
+type packet struct {
+	b    []byte
+	addr *backend.Addr
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
+
+// session is one DTLS session's net.PacketConn.
+type session struct {
+	l     *PacketListener
+	first *backend.Addr
+	in    chan packet
+
+	// Guarded by l.mu.
+	client netip.AddrPort // the client address it is keyed by
+	cid    string         // the CID it issued, once seen in its ServerHello
+	cidB   []byte         // the same bytes, for Commit
+
+	rdl, wdl  *deadline.Deadline
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *PacketListener) newSession(a *backend.Addr) *session {
+	return &session{l: l, first: a, client: a.Client, in: make(chan packet, l.cfg.Queue),
+		rdl: deadline.New(), wdl: deadline.New(), closed: make(chan struct{})}
+}
+
+func (s *session) deliver(b []byte, a *backend.Addr) {
+	bp := bufPool.Get().(*[]byte)
+	p := packet{b: append((*bp)[:0], b...), addr: a}
+	select {
+	case s.in <- p:
+	default:
+		*bp = p.b
+		bufPool.Put(bp)
+		s.l.st.queue.Add(1)
+	}
+}
+
+// ReadFrom returns the session's next datagram.
+func (s *session) ReadFrom(b []byte) (int, net.Addr, error) {
+	select {
+	case p := <-s.in:
+		n := copy(b, p.b)
+		bp := &p.b
+		bufPool.Put(bp)
+		return n, p.addr, nil
+	case <-s.rdl.Done():
+		return 0, nil, os.ErrDeadlineExceeded
+	case <-s.closed:
+		return 0, nil, ErrClosed
+	case <-s.l.readDone:
+		return 0, nil, s.l.readError()
+	}
+}
+
+// WriteTo sends b to addr through the backend Conn and commits addr as the
+// session's route (see PacketListener).
+func (s *session) WriteTo(b []byte, addr net.Addr) (int, error) {
+	select {
+	case <-s.closed:
+		return 0, ErrClosed
+	case <-s.wdl.Done():
+		return 0, os.ErrDeadlineExceeded
+	default:
+	}
+	a, ok := addr.(*backend.Addr)
+	if !ok {
+		return s.l.conn.WriteTo(b, addr)
+	}
+	l := s.l
+	l.mu.Lock()
+	if s.cid == "" && l.cfg.CIDLen > 0 {
+		if cid, ok := serverHelloCID(b); ok && len(cid) == l.cfg.CIDLen {
+			s.cid, s.cidB = string(cid), []byte(string(cid))
+			l.byCID[s.cid] = s
+		}
+	}
+	if a.Client != s.client {
+		// pion moved the session: the client's address changed.
+		if l.byClient[s.client] == s {
+			delete(l.byClient, s.client)
+		}
+		s.client = a.Client
+		l.byClient[a.Client] = s
+	}
+	cid := s.cidB
+	l.mu.Unlock()
+	if cid != nil {
+		l.conn.Commit(*a, cid)
+	}
+	return l.conn.WriteToAddr(b, *a)
+}
+
+func (s *session) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.l.endSession(s)
+	})
+	return nil
+}
+
+func (s *session) LocalAddr() net.Addr { return s.l.conn.LocalAddr() }
+
+func (s *session) SetDeadline(t time.Time) error {
+	s.rdl.Set(t)
+	s.wdl.Set(t)
+	return nil
+}
+
+func (s *session) SetReadDeadline(t time.Time) error  { s.rdl.Set(t); return nil }
+func (s *session) SetWriteDeadline(t time.Time) error { s.wdl.Set(t); return nil }

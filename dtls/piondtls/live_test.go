@@ -1,0 +1,331 @@
+package piondtls
+
+// Real peers on loopback: pion/dtls v3 servers behind backend.Conn and
+// piondtls, two cidroute.Pipeline replicas in front, pion/dtls v3 clients
+// with connection IDs that rebind to a new socket and a new replica
+// mid-session.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	pion "github.com/pion/dtls/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/ppv2/backend"
+	"github.com/cidroute/cidroute/registry"
+)
+
+var publicAddr = netip.MustParseAddrPort("127.0.0.1:5684")
+
+func pskConfig() *pion.Config {
+	return &pion.Config{
+		PSK:             func([]byte) ([]byte, error) { return []byte("cidroute-test-psk"), nil },
+		PSKIdentityHint: []byte("cidroute"),
+		CipherSuites:    []pion.CipherSuiteID{pion.TLS_PSK_WITH_AES_128_CCM_8},
+	}
+}
+
+// server is one pion backend: it answers every message m with
+// "<ordinal>|m" and, on "push", sends an extra unsolicited "push"
+// afterwards; it records what it saw per session.
+type server struct {
+	ord  uint8
+	bc   *backend.Conn
+	pl   *PacketListener
+	ln   net.Listener
+	mu   sync.Mutex
+	seen []backend.Addr // RemoteAddr at each message
+	wg   sync.WaitGroup
+}
+
+func startServer(t *testing.T, ord uint8) *server {
+	t.Helper()
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	bc, err := backend.New(udp, backend.Config{
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Direct:         backend.DirectNoHandshake,
+		Protocol:       backend.DTLS,
+	})
+	require.NoError(t, err)
+	gen, err := Generator(ord, 0)
+	require.NoError(t, err)
+	cfg := pskConfig()
+	cfg.ConnectionIDGenerator = gen
+	pl, err := NewPacketListener(bc, Config{CIDLen: 8})
+	require.NoError(t, err)
+	ln, err := pion.NewListener(pl, cfg)
+	require.NoError(t, err)
+	s := &server{ord: ord, bc: bc, pl: pl, ln: ln}
+	s.wg.Add(1)
+	go s.serve()
+	t.Cleanup(func() {
+		ln.Close()
+		s.wg.Wait()
+		bc.Close()
+	})
+	return s
+}
+
+func (s *server) addr() netip.AddrPort { return s.bc.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+func (s *server) serve() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer c.Close()
+			buf := make([]byte, 2048)
+			for {
+				n, err := c.Read(buf)
+				if err != nil {
+					return
+				}
+				ra := *c.RemoteAddr().(*backend.Addr)
+				s.mu.Lock()
+				s.seen = append(s.seen, ra)
+				s.mu.Unlock()
+				msg := string(buf[:n])
+				if _, err := fmt.Fprintf(c, "%d|%s", s.ord, msg); err != nil {
+					return
+				}
+				if msg == "push" {
+					if _, err := c.Write([]byte("push")); err != nil {
+						return
+					}
+				}
+			}
+		}()
+	}
+}
+
+func (s *server) seenAddrs() []backend.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]backend.Addr(nil), s.seen...)
+}
+
+// startProxy starts one cidroute replica in front of backends.
+func startProxy(t *testing.T, bs []registry.Backend) netip.AddrPort {
+	t.Helper()
+	reg, err := registry.New(registry.Config{Service: "svc", Seed: 42})
+	require.NoError(t, err)
+	t.Cleanup(reg.Close)
+	require.NoError(t, reg.Update(bs))
+	p, err := cidroute.New(cidroute.Config{
+		Services: []cidroute.Service{{Name: "svc", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
+			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Service: publicAddr, Backends: reg}}},
+		Logger: quietLog(),
+	})
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(context.Background()) }()
+	t.Cleanup(func() {
+		require.NoError(t, p.Close())
+		require.NoError(t, <-errc)
+	})
+	a, _ := p.Addr("svc")
+	return a
+}
+
+// switchConn is a client socket that can be replaced mid-session (a NAT
+// rebinding) and pointed at another proxy replica. pion sees one remote
+// address throughout.
+type switchConn struct {
+	mu     sync.Mutex
+	conn   *net.UDPConn
+	target netip.AddrPort
+	remote net.Addr
+}
+
+func newSwitchConn(t *testing.T, target netip.AddrPort) *switchConn {
+	c := &switchConn{target: target, remote: net.UDPAddrFromAddrPort(target)}
+	c.rebind(t, target)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// rebind moves to a fresh socket sending to target.
+func (c *switchConn) rebind(t *testing.T, target netip.AddrPort) {
+	u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	c.mu.Lock()
+	old := c.conn
+	c.conn, c.target = u, target
+	c.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
+
+func (c *switchConn) local() netip.AddrPort {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+func (c *switchConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	for {
+		c.mu.Lock()
+		u := c.conn
+		c.mu.Unlock()
+		n, _, err := u.ReadFromUDPAddrPort(b)
+		if err != nil {
+			c.mu.Lock()
+			swapped := c.conn != u
+			c.mu.Unlock()
+			if swapped {
+				continue
+			}
+			return 0, nil, err
+		}
+		return n, c.remote, nil
+	}
+}
+
+func (c *switchConn) WriteTo(b []byte, _ net.Addr) (int, error) {
+	c.mu.Lock()
+	u, to := c.conn, c.target
+	c.mu.Unlock()
+	return u.WriteToUDPAddrPort(b, to)
+}
+
+func (c *switchConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn.Close()
+}
+
+func (c *switchConn) LocalAddr() net.Addr { return net.UDPAddrFromAddrPort(c.local()) }
+
+func (c *switchConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn.SetDeadline(t)
+}
+
+func (c *switchConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn.SetReadDeadline(t)
+}
+
+func (c *switchConn) SetWriteDeadline(t time.Time) error { return nil }
+
+// dial runs a pion client with CID through sc.
+func dial(t *testing.T, ctx context.Context, sc *switchConn) *pion.Conn {
+	t.Helper()
+	cfg := pskConfig()
+	cfg.PSKIdentityHint = []byte("client")
+	cfg.ConnectionIDGenerator = pion.OnlySendCIDGenerator()
+	c, err := pion.Client(sc, sc.remote, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	require.NoError(t, c.HandshakeContext(ctx))
+	return c
+}
+
+// ask sends msg and returns the reply, retrying a few times: UDP on
+// loopback does not lose datagrams, but a retransmitted handshake flight may
+// cross a rebind.
+func ask(t *testing.T, c *pion.Conn, msg string) string {
+	t.Helper()
+	buf := make([]byte, 2048)
+	for range 5 {
+		_, err := c.Write([]byte(msg))
+		require.NoError(t, err)
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(2*time.Second)))
+		n, err := c.Read(buf)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			continue
+		}
+		require.NoError(t, err)
+		return string(buf[:n])
+	}
+	t.Fatalf("no reply to %q", msg)
+	return ""
+}
+
+func TestPionBehindPipeline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // hang guard
+	defer cancel()
+	srvs := []*server{startServer(t, 0), startServer(t, 1), startServer(t, 2)}
+	var bs []registry.Backend
+	for _, s := range srvs {
+		bs = append(bs, registry.Backend{Ordinal: s.ord, Addr: s.addr(), Weight: 1, State: registry.Ready})
+	}
+	replicas := []netip.AddrPort{startProxy(t, bs), startProxy(t, bs)}
+
+	const clients = 6
+	type result struct{ before, after, push string }
+	for i := range clients {
+		sc := newSwitchConn(t, replicas[i%2])
+		first := sc.local()
+		c := dial(t, ctx, sc)
+		before := ask(t, c, fmt.Sprintf("hello %d", i))
+		ord, _, ok := strings.Cut(before, "|")
+		require.True(t, ok, before)
+		srv := srvs[ord[0]-'0']
+
+		// Rebind: new socket, other replica, same DTLS session.
+		sc.rebind(t, replicas[(i+1)%2])
+		moved := sc.local()
+		require.NotEqual(t, first, moved)
+		after := ask(t, c, fmt.Sprintf("again %d", i))
+		assert.Equal(t, ord+"|"+fmt.Sprintf("again %d", i), after, "same backend after rebind")
+
+		// The session's route moved with it: claimed client and measured
+		// proxy are the new ones.
+		seen := srv.seenAddrs()
+		var sawFirst, sawMoved bool
+		for _, a := range seen {
+			sawFirst = sawFirst || a.Client == first
+			sawMoved = sawMoved || a.Client == moved
+			assert.True(t, a.Proxied(), "every datagram came through a proxy")
+			assert.Equal(t, publicAddr, a.Service)
+		}
+		assert.True(t, sawFirst && sawMoved, "server saw %v; want %v and %v", seen, first, moved)
+		r, ok := srv.bc.Route(moved)
+		require.True(t, ok, "route committed for the new address")
+		assert.Equal(t, moved, r.Client)
+		_, ok = srv.bc.Route(first)
+		assert.False(t, ok, "old address no longer routes")
+
+		// A server-initiated message (sent after the reply) reaches the
+		// client on its new socket.
+		assert.Equal(t, ord+"|push", ask(t, c, "push"))
+		buf := make([]byte, 64)
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(2*time.Second)))
+		n, err := c.Read(buf)
+		require.NoError(t, err)
+		assert.Equal(t, "push", string(buf[:n]))
+		_ = result{}
+	}
+	var sessions int
+	for _, s := range srvs {
+		st := s.pl.Stats()
+		sessions += int(st.NewSessions)
+		bst := s.bc.Stats()
+		assert.Zero(t, bst.AcceptedDirect, "no direct datagrams")
+		assert.Zero(t, bst.DroppedUntrusted+bst.DroppedBadHeader)
+	}
+	assert.Equal(t, clients, sessions, "one session per client, none re-created by the rebind")
+	_ = bytes.Equal
+}
