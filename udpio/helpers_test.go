@@ -66,4 +66,3 @@ func seqMsg(seq uint32, size int) []byte {
 	}
 	return b
 }
-
