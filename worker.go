@@ -198,29 +198,43 @@ func (w *worker) reverseLoop() error {
 }
 
 // reverse checks one backend reply m and prepares o, the payload to its
-// client: the physical sender must be a backend of the service, the PPv2
-// source the service's address and the destination a valid unicast client.
+// client.
 func (w *worker) reverse(m, o *udpio.Message, snap *registry.Snapshot) Reason {
-	if !snap.IsBackend(m.Addr) {
-		return UntrustedSender
-	}
 	if m.Err != nil {
+		if !snap.IsBackend(m.Addr) {
+			return UntrustedSender
+		}
 		return Malformed
 	}
-	b := m.Buf[:m.N]
-	h, off, err := ppv2.Parse(b)
-	if err != nil || h.Command != ppv2.Proxy || !w.svc.isServiceAddr(unmap(h.Src)) {
-		return BadProxyHeader
+	client, service, payload, reason := w.svc.reply(snap, m.Addr, m.Buf[:m.N])
+	if reason != Forwarded {
+		return reason
 	}
-	client := unmap(h.Dst)
-	if !w.svc.validClient(client) {
-		return BadDestination
-	}
-	o.Prefix, o.Buf, o.Addr, o.Local = nil, b[off:], client, netip.Addr{}
+	o.Prefix, o.Buf, o.Addr, o.Local = nil, payload, client, netip.Addr{}
 	if w.svc.measured {
-		o.Local = h.Src.Addr().Unmap() // leave from the address the client used
+		o.Local = service.Addr() // leave from the address the client used
 	}
 	return Forwarded
+}
+
+// reply is the reverse path's rule: a datagram b from the physical sender
+// from is relayed only when from is a backend of the service, its PPv2
+// source is the service's address and its destination a valid unicast
+// client. It returns the client, the service address the backend named and
+// the payload (a view into b).
+func (s *service) reply(snap *registry.Snapshot, from netip.AddrPort, b []byte) (client, service netip.AddrPort, payload []byte, reason Reason) {
+	if !snap.IsBackend(from) {
+		return client, service, nil, UntrustedSender
+	}
+	h, off, err := ppv2.Parse(b)
+	if err != nil || h.Command != ppv2.Proxy || !s.isServiceAddr(unmap(h.Src)) {
+		return client, service, nil, BadProxyHeader
+	}
+	client = unmap(h.Dst)
+	if !s.validClient(client) {
+		return client, service, nil, BadDestination
+	}
+	return client, unmap(h.Src), b[off:], Forwarded
 }
 
 // isServiceAddr reports whether a is the service's public address; when

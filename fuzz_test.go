@@ -1,0 +1,148 @@
+package cidroute
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+
+	"github.com/cidroute/cidroute/ppv2"
+	"github.com/cidroute/cidroute/registry"
+)
+
+// fuzzBackends turns bytes into a valid backend list: each 3-byte group is
+// (ordinal, state, weight); repeated ordinals and 255 are skipped, and each
+// ordinal gets its own address.
+func fuzzBackends(b []byte) []registry.Backend {
+	var bs []registry.Backend
+	seen := map[uint8]bool{}
+	for ; len(b) >= 3; b = b[3:] {
+		ord := b[0]
+		if ord == 255 || seen[ord] {
+			continue
+		}
+		seen[ord] = true
+		bs = append(bs, registry.Backend{
+			Ordinal: ord,
+			Addr:    netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, ord, 1}), 5684),
+			State:   registry.State(b[1] % 3),
+			Weight:  uint32(b[2]%8) + 1,
+		})
+	}
+	return bs
+}
+
+// FuzzRoute runs the whole routing step on an arbitrary datagram against an
+// arbitrary registry snapshot and checks the invariants SPEC.md promises:
+// never forward to a backend outside the snapshot or one that is gone; a
+// CID datagram goes to its ordinal, never to a hash; a hashed (new) session
+// goes to a ready backend; a forwarded datagram's header names the client.
+func FuzzRoute(f *testing.F) {
+	cid3 := []byte{3, 1, 2, 3, 4, 5, 6, 7}
+	f.Add(dtlsCIDRecord(cid3, 1, []byte("x")), []byte{3, 0, 1, 4, 1, 1}, uint16(4000), false)
+	f.Add(dtlsClientHello(1), []byte{3, 0, 1, 4, 0, 2}, uint16(4000), false)
+	f.Add(dtlsCIDRecord([]byte{255, 1, 2, 3, 4, 5, 6, 7}, 1, []byte("x")), []byte{3, 2, 1}, uint16(1), false)
+	f.Add(quicShort([]byte{0, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}), []byte{9, 0, 1}, uint16(2), true)
+	f.Add(quicShort([]byte{0xe0, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}), []byte{9, 0, 1, 4, 0, 1}, uint16(2), true)
+	f.Add(quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200), []byte{1, 0, 1, 2, 1, 1}, uint16(3), true)
+	f.Add(quicLong(0, []byte{0, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, nil, 1200), []byte{2, 1, 1}, uint16(3), true)
+	f.Add(quicLong(2, []byte{0, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, []byte{1}, 0), []byte{2, 2, 1}, uint16(3), true)
+	f.Fuzz(func(t *testing.T, b, regBytes []byte, port uint16, isQUIC bool) {
+		reg, err := registry.New(registry.Config{Seed: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer reg.Close()
+		if err := reg.Update(fuzzBackends(regBytes)); err != nil {
+			t.Fatalf("valid list refused: %v", err)
+		}
+		proto := DTLS
+		if isQUIC {
+			proto = QUIC
+		}
+		r, err := NewRouter(RouterConfig{Protocol: proto, Service: svcAddr, Backends: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := netip.AddrPortFrom(client1.Addr(), port)
+		d, hdr := r.Route(nil, b, client)
+		c, cerr := r.cls.Classify(b)
+		if (cerr != nil) != (d.Reason == Malformed) {
+			t.Fatalf("classifier error %v but reason %v", cerr, d.Reason)
+		}
+		if d.Reason != Forwarded {
+			if len(hdr) != 0 {
+				t.Fatalf("dropped (%v) with a header", d.Reason)
+			}
+			return
+		}
+		snap := reg.Snapshot()
+		be, ok := snap.Backend(d.Ordinal)
+		if !ok || be.Addr != d.Backend || be.State == registry.Gone {
+			t.Fatalf("forwarded to %v (ordinal %d), not a serving backend of the snapshot", d.Backend, d.Ordinal)
+		}
+		ord, routable := r.codec.Ordinal(c.ID)
+		switch {
+		case c.Kind == KindEstablished && routable:
+			if d.Ordinal != ord {
+				t.Fatalf("CID datagram of ordinal %d went to %d", ord, d.Ordinal)
+			}
+		case c.Kind == KindNew && len(c.ID) == r.codec.Len() && routable && d.Ordinal == ord:
+			// a server CID in an Initial: its own (serving) backend
+		default:
+			if be.State != registry.Ready {
+				t.Fatalf("hashed datagram sent to a %v backend", be.State)
+			}
+		}
+		h, off, err := ppv2.Parse(append(hdr, b...))
+		if err != nil || off != len(hdr) || h.Src != client || h.Dst != svcAddr {
+			t.Fatalf("header %x: %+v %d %v", hdr, h, off, err)
+		}
+	})
+}
+
+// FuzzReply checks the reverse path's rule on arbitrary replies from an
+// arbitrary sender: nothing is relayed unless the sender is a backend, the
+// header's source is the service and the destination a valid client; the
+// payload is the datagram after the header.
+func FuzzReply(f *testing.F) {
+	good, _ := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: svcAddr, Dst: client1})
+	f.Add(append(good, "hi"...), []byte{1, 0, 1}, uint8(1))
+	f.Add(append(good, "hi"...), []byte{1, 0, 1}, uint8(2))
+	bad, _ := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: svcAddr, Dst: netip.MustParseAddrPort("224.0.0.1:1")})
+	f.Add(bad, []byte{1, 1, 1}, uint8(1))
+	f.Add([]byte("no header"), []byte{1, 0, 1}, uint8(1))
+	f.Fuzz(func(t *testing.T, b, regBytes []byte, sender uint8) {
+		reg, err := registry.New(registry.Config{Seed: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer reg.Close()
+		if err := reg.Update(fuzzBackends(regBytes)); err != nil {
+			t.Fatal(err)
+		}
+		r, err := NewRouter(RouterConfig{Protocol: DTLS, Service: svcAddr, Backends: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &service{cfg: Service{Listen: svcAddr}, router: r}
+		from := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, sender, 1}), 5684)
+		snap := reg.Snapshot()
+		client, service, payload, reason := s.reply(snap, from, b)
+		if reason != Forwarded {
+			return
+		}
+		if !snap.IsBackend(from) {
+			t.Fatalf("relayed a reply from %v, not a backend", from)
+		}
+		if service != svcAddr {
+			t.Fatalf("relayed a reply naming service %v", service)
+		}
+		ip := client.Addr()
+		if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() || ip.IsLoopback() || ip == limitedBroadcast || client.Port() == 0 || client == svcAddr {
+			t.Fatalf("relayed to %v", client)
+		}
+		if !bytes.HasSuffix(b, payload) || !ppv2.Sniff(b) {
+			t.Fatalf("payload is not the datagram's tail")
+		}
+	})
+}
