@@ -1,0 +1,22 @@
+// Package e2e holds cidroute's end-to-end tests: real peers on loopback,
+// no mocks. Proxy replicas are cidroute.Pipelines started in-process from
+// the same seed, backends and public address; backends are the example
+// servers (examples/internal/dtlsecho, quicecho) behind the PPv2 adapter
+// (ppv2/backend) and, for DTLS, the session demultiplexer
+// (dtls/piondtls); clients are pion/dtls v3 and v2, quic-go and OpenSSL's
+// s_client.
+//
+// Files are named by the peer they exercise:
+//
+//   - pion_*: pion/dtls v3 clients with connection IDs (sessions, NAT
+//     rebinding, draining, removal, claimed versus measured addresses),
+//     and pion/dtls v2 (no RFC 9146) routed by client address.
+//   - quic_*: quic-go connections, including migration to a new address.
+//   - openssl_*: OpenSSL's DTLS 1.2 client (skipped without openssl unless
+//     CIDROUTE_REQUIRE_TOOLS=1).
+//
+// Every test stops its replicas at the end and checks each one's counter
+// identity: received = forwarded + Σ dropped, in both directions.
+//
+//	go test -race ./examples/e2e/
+package e2e
