@@ -416,3 +416,17 @@ func closeAll(g []*net.UDPConn) {
 		c.Close()
 	}
 }
+
+func TestListenGroupOfOneIsPlain(t *testing.T) {
+	c := listen(t, "udp4", "127.0.0.1:0", ListenConfig{})
+	_, err := ListenGroup("udp4", addrOf(c).String(), 1, ListenConfig{})
+	assert.Error(t, err, "a single socket does not share its port")
+	g, err := ListenGroup("udp4", "127.0.0.1:0", 2, ListenConfig{})
+	require.NoError(t, err)
+	defer closeAll(g)
+	more, err := ListenGroup("udp4", addrOf(g[0]).String(), 1, ListenConfig{})
+	if err == nil {
+		closeAll(more)
+	}
+	assert.Error(t, err, "nor joins a group")
+}

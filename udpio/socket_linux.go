@@ -19,9 +19,10 @@ import (
 // is socket i of the kernel's reuseport group, the index AttachSteering
 // returns; closing one socket reorders the group, so close them together.
 //
-// With port 0 the first socket is bound without SO_REUSEPORT, so that the
-// kernel picks a port no other reuseport group of this user holds, and
-// the others join it.
+// With n == 1 the socket is a plain one, without SO_REUSEPORT. With port 0
+// the first socket is bound without SO_REUSEPORT, so that the kernel picks a
+// port no other reuseport group of this user holds (an ephemeral bind with
+// SO_REUSEPORT may join one), and the others join it.
 func ListenGroup(network, addr string, n int, cfg ListenConfig) ([]*net.UDPConn, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("group of %d sockets: %w", n, ErrConfig)
@@ -41,9 +42,10 @@ func ListenGroup(network, addr string, n int, cfg ListenConfig) ([]*net.UDPConn,
 		return nil, err
 	}
 	for i := range n {
-		lateReuse := i == 0 && (portStr == "0" || portStr == "")
+		reuse := n > 1
+		lateReuse := reuse && i == 0 && (portStr == "0" || portStr == "")
 		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-			return control(rc, cfg, !lateReuse)
+			return control(rc, cfg, reuse && !lateReuse)
 		}}
 		pc, err := lc.ListenPacket(context.Background(), network, addr)
 		if err != nil {
