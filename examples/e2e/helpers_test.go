@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -157,6 +158,8 @@ func replicaOf(rs []*replica, a netip.AddrPort) *replica {
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
+func newLogger(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
+
 // dtlsBackend is a pion/dtls v3 echo server behind the PPv2 adapter. It
 // answers m with "<ordinal>|m" and logs to logs. Direct ClientHellos are
 // dropped, so no client reaches it without a proxy.
@@ -165,7 +168,7 @@ func dtlsBackend(t *testing.T, ord uint8, logs *syncBuffer) *dtlsecho.Server {
 	cfg := dtlsecho.Config{Ordinal: ord, PSK: testPSK, TrustedProxies: loopback,
 		Direct: backend.DirectNoHandshake, Prefix: fmt.Sprintf("%d|", ord)}
 	if logs != nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		cfg.Logger = newLogger(logs)
 	}
 	s, err := dtlsecho.Listen(cfg)
 	require.NoError(t, err)
