@@ -38,7 +38,10 @@ func TestSessions(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan int)
-	go func() { done <- cmd(ctx, []string{"-backend", echo.String(), "-idle", "200ms"}, pw, io.Discard); pw.Close() }()
+	go func() {
+		done <- cmd(ctx, []string{"-backend", echo.String(), "-idle", "200ms"}, pw, io.Discard)
+		pw.Close()
+	}()
 	defer func() { cancel(); assert.Equal(t, 0, <-done) }()
 	line, err := bufio.NewReader(pr).ReadString('\n')
 	require.NoError(t, err)
