@@ -241,16 +241,23 @@ const replyWait = 500 * time.Millisecond
 // ask sends msg and returns the reply; it tries `tries` times, waiting
 // `wait` for each reply.
 func (c *dtlsClient) ask(msg string, tries int, wait time.Duration) (string, error) {
+	return ask(c.conn, msg, tries, wait)
+}
+
+// ask sends msg over a DTLS connection and returns the reply.
+func ask(c net.Conn, msg string, tries int, wait time.Duration) (string, error) {
 	buf := make([]byte, 2048)
-	for range tries {
-		if _, err := c.conn.Write([]byte(msg)); err != nil {
+	for try := range tries {
+		if _, err := c.Write([]byte(msg)); err != nil {
 			return "", err
 		}
-		c.conn.SetReadDeadline(time.Now().Add(wait))
-		n, err := c.conn.Read(buf)
+		c.SetReadDeadline(time.Now().Add(wait))
+		n, err := c.Read(buf)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
-			resent.Add(1)
+			if try < tries-1 {
+				resent.Add(1)
+			}
 			continue
 		}
 		if err != nil {

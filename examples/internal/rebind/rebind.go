@@ -75,6 +75,15 @@ func (c *Conn) Rebind(target netip.AddrPort) error {
 	return nil
 }
 
+// Retarget keeps the socket and sends to target from now on, as when a
+// load balancer starts picking another proxy replica for the same client
+// address.
+func (c *Conn) Retarget(target netip.AddrPort) {
+	c.mu.Lock()
+	c.target = target
+	c.mu.Unlock()
+}
+
 // Local returns the current socket's address.
 func (c *Conn) Local() netip.AddrPort {
 	c.mu.Lock()
