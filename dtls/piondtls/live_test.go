@@ -45,8 +45,9 @@ type server struct {
 	pl   *PacketListener
 	ln   net.Listener
 	mu   sync.Mutex
-	seen []backend.Addr // RemoteAddr at each message
-	wg   sync.WaitGroup
+	seen  []backend.Addr // RemoteAddr at each message
+	conns []net.Conn
+	wg    sync.WaitGroup
 }
 
 func startServer(t *testing.T, ord uint8) *server {
@@ -72,6 +73,11 @@ func startServer(t *testing.T, ord uint8) *server {
 	go s.serve()
 	t.Cleanup(func() {
 		ln.Close()
+		s.mu.Lock()
+		for _, c := range s.conns { // a client's close_notify may be lost at shutdown
+			c.Close()
+		}
+		s.mu.Unlock()
 		s.wg.Wait()
 		bc.Close()
 	})
@@ -87,6 +93,9 @@ func (s *server) serve() {
 		if err != nil {
 			return
 		}
+		s.mu.Lock()
+		s.conns = append(s.conns, c)
+		s.mu.Unlock()
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
