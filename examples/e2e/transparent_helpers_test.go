@@ -121,18 +121,27 @@ func (p *transparentProc) send(t *testing.T, line string) {
 // program ends first or transparentWait passes.
 func (p *transparentProc) waitFor(t *testing.T, substr string) string {
 	t.Helper()
+	return p.waitForNth(t, substr, 1)
+}
+
+// waitForNth is waitFor for the nth line that contains substr.
+func (p *transparentProc) waitForNth(t *testing.T, substr string, nth int) string {
+	t.Helper()
 	deadline := time.Now().Add(transparentWait)
 	for {
+		seen := 0
 		for line := range strings.Lines(p.out.String()) {
 			if strings.Contains(line, substr) {
-				return strings.TrimRight(line, "\r\n")
+				if seen++; seen == nth {
+					return strings.TrimRight(line, "\r\n")
+				}
 			}
 		}
 		if p.exited() {
-			t.Fatalf("%s ended without printing %q; output:\n%s", p.name, substr, p.out.String())
+			t.Fatalf("%s ended without printing %q %d times; output:\n%s", p.name, substr, nth, p.out.String())
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not print %q within %v; output:\n%s", p.name, substr, transparentWait, p.out.String())
+			t.Fatalf("%s did not print %q %d times within %v; output:\n%s", p.name, substr, nth, transparentWait, p.out.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
