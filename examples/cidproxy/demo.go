@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -11,47 +9,60 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
+	pion "github.com/pion/dtls/v3"
+
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/dtls/piondtls"
+	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
 	"github.com/cidroute/cidroute/examples/internal/dtlsrec"
-	"github.com/cidroute/cidroute/examples/internal/ppecho"
+	"github.com/cidroute/cidroute/examples/internal/rebind"
+	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
 )
 
 // The demo: two proxy replicas built from one configuration, three
-// backends, and clients that send DTLS-shaped datagrams to both replicas in
-// turn while changing their source port, as NAT rebinding does. The
-// replicas listen on two ports but share one public address (the VIP of a
-// load balancer in production), which is part of the HRW key of new
-// sessions: so a ClientHello reaches the same backend through either.
+// pion/dtls v3 backends behind the PPv2 adapter, and pion/dtls v3 clients
+// with connection IDs. Each client handshakes through one replica, then
+// exchanges messages and, every demoRebind messages, moves to a fresh
+// socket (a new source port, as NAT rebinding does) that sends to the
+// other replica. The replicas listen on two ports but share one public
+// address (the VIP of a load balancer in production), which is part of the
+// HRW key of new sessions and what the clients believe they talk to.
 const (
 	demoService  = "demo"
 	demoSeed     = 42
 	demoBackends = 3
 	demoReplicas = 2
 	demoClients  = 6
-	demoPace     = 25 * time.Millisecond // between one client's datagrams
-	demoRebind   = 10                    // datagrams per source port
-	demoHello    = 5                     // every 5th datagram is a ClientHello
+	demoPace     = 50 * time.Millisecond // between one client's messages
+	demoRebind   = 20                    // messages per socket
+	demoWait     = 500 * time.Millisecond
+	demoTries    = 4
 )
+
+var demoPSK = []byte("cidroute demo key")
 
 // demoPublic is the replicas' common public address. It is on loopback
 // because the clients are, and no socket binds it.
 var demoPublic = netip.MustParseAddrPort("127.0.0.2:5684")
 
-// demoBackend is what the demo needs of a backend. The PPv2 echo backends
-// implement it; real DTLS servers can replace them without touching the
-// clients or the report.
+// demoBackend is what the demo needs of a backend: *dtlsecho.Server, the
+// pion/dtls v3 server of examples/dtls-backend, run in-process.
 type demoBackend interface {
 	Addr() netip.AddrPort
-	Received() uint64
+	Ordinal() uint8
+	Sessions() []dtlsecho.Session
+	Stats() (backend.Stats, piondtls.Stats)
 	Close() error
 }
+
+var _ demoBackend = (*dtlsecho.Server)(nil)
 
 func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Duration) error {
 	tr := newTracker()
@@ -63,7 +74,15 @@ func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Durati
 	}()
 	var list []registry.Backend
 	for ord := range uint8(demoBackends) {
-		b, err := ppecho.Listen(ppecho.Config{Observe: func(dg ppecho.Datagram) { tr.observe(ord, dg) }})
+		b, err := dtlsecho.Listen(dtlsecho.Config{
+			Ordinal:        ord,
+			PSK:            demoPSK,
+			TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+			Direct:         backend.DirectNoHandshake, // no client around the proxies
+			Prefix:         fmt.Sprintf("%d|", ord),   // so clients see who answered
+			Logger:         log.With("backend", ord),
+			Observe:        func(m dtlsecho.Message) { tr.observe(ord, m) },
+		})
 		if err != nil {
 			return err
 		}
@@ -111,7 +130,7 @@ func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Durati
 	}
 	defer func() { stop(); wg.Wait() }()
 
-	fmt.Fprintf(out, "cidroute demo: DTLS service %q, public address %v, replicas A on %v and B on %v, %d PPv2 echo backends, %d clients, %v\n",
+	fmt.Fprintf(out, "cidroute demo: DTLS service %q, public address %v, replicas A on %v and B on %v, %d pion/dtls v3 backends, %d pion/dtls v3 clients with CID, %v\n",
 		demoService, demoPublic, addrs[0], addrs[1], demoBackends, demoClients, d)
 	agree, total := replicasAgree(replicas)
 	fmt.Fprintf(out, "routing step: both replicas pick the same backend for %d/%d new sessions from random client addresses (hrw_seed %d)\n", agree, total, demoSeed)
@@ -142,16 +161,19 @@ func replicasAgree(rs []*proxy) (agree, total int) {
 	return agree, total
 }
 
-// A demo client holds one DTLS-shaped session: a CID issued by the backend
-// of ordinal Ordinal. It sends each datagram to the next replica in turn,
-// moves to a new source port every demoRebind datagrams, and sends a
-// ClientHello every demoHello datagrams.
+// A demo client is one pion/dtls v3 session with CID. It learns the CID the
+// backend issued from its own outgoing records (pion does not expose it),
+// so it knows which backend must answer.
 type clientResult struct {
-	ordinal          uint8
-	cid              []byte
-	sent, echoed     int
-	bad, lost, ports int
-	err              error
+	cid        []byte
+	ordinal    int // from the CID; -1 if none was seen
+	sent       int // messages
+	echoed     int // answered by the backend its CID names
+	wrong      int // answered by another backend
+	lost       int // unanswered after demoTries
+	resent     int // extra tries
+	rebindings int
+	err        error
 }
 
 func runClients(ctx context.Context, replicas []netip.AddrPort, d time.Duration) []clientResult {
@@ -159,127 +181,129 @@ func runClients(ctx context.Context, replicas []netip.AddrPort, d time.Duration)
 	res := make([]clientResult, demoClients)
 	var wg sync.WaitGroup
 	for i := range res {
-		c := &res[i]
-		c.ordinal = uint8(i % demoBackends)
-		c.cid, c.err = dtls.OrdinalFirst{Length: cidroute.DefaultDTLSCIDLen}.AppendCID(nil, c.ordinal)
-		if c.err != nil {
-			continue
-		}
-		wg.Go(func() { c.run(ctx, replicas, deadline) })
+		wg.Go(func() { res[i].run(ctx, i, replicas, deadline) })
 	}
 	wg.Wait()
 	return res
 }
 
-func (c *clientResult) run(ctx context.Context, replicas []netip.AddrPort, deadline time.Time) {
-	var conn *net.UDPConn
-	defer func() {
-		if conn != nil {
-			conn.Close()
-		}
-	}()
-	body := make([]byte, 48)
+func (c *clientResult) run(ctx context.Context, id int, replicas []netip.AddrPort, deadline time.Time) {
+	c.ordinal = -1
+	via := id % len(replicas)
+	sock, err := rebind.Listen(replicas[via], net.UDPAddrFromAddrPort(demoPublic))
+	if err != nil {
+		c.err = err
+		return
+	}
+	sock.WatchDTLSCID(cidroute.DefaultDTLSCIDLen)
+	conn, err := pion.Client(sock, net.UDPAddrFromAddrPort(demoPublic), dtlsecho.PSKClientConfig(demoPSK, fmt.Sprint("client-", id)))
+	if err != nil {
+		sock.Close()
+		c.err = err
+		return
+	}
+	defer conn.Close()
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = conn.HandshakeContext(hctx)
+	cancel()
+	if err != nil {
+		c.err = fmt.Errorf("handshake: %w", err)
+		return
+	}
 	buf := make([]byte, 2048)
-	var msg []byte
-	for seq := uint64(0); time.Now().Before(deadline) && ctx.Err() == nil; seq++ {
-		if seq%demoRebind == 0 { // NAT rebinding: a new source port
-			if conn != nil {
-				conn.Close()
-			}
-			var err error
-			if conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0"))); err != nil {
+	for seq := 0; time.Now().Before(deadline) && ctx.Err() == nil; seq++ {
+		if seq > 0 && seq%demoRebind == 0 { // NAT rebinding, and the load balancer picks the other replica
+			via = (via + 1) % len(replicas)
+			if err := sock.Rebind(replicas[via]); err != nil {
 				c.err = err
 				return
 			}
-			c.ports++
+			c.rebindings++
 		}
-		rand.Read(body)
-		if seq%demoHello == 0 {
-			msg = dtlsrec.AppendClientHello(msg[:0], seq, body)
-		} else {
-			msg = dtlsrec.AppendCIDRecord(msg[:0], seq, c.cid, body)
-		}
-		to := replicas[seq%uint64(len(replicas))]
-		if _, err := conn.WriteToUDPAddrPort(msg, to); err != nil {
-			c.err = err
-			return
-		}
+		msg := fmt.Sprintf("client %d message %d", id, seq)
 		c.sent++
-		conn.SetReadDeadline(time.Now().Add(time.Second))
-		n, from, err := conn.ReadFromUDPAddrPort(buf)
-		switch {
-		case err != nil:
+		answered := false
+		for try := 0; try < demoTries && !answered; try++ {
+			if try > 0 {
+				c.resent++
+			}
+			if _, err := conn.Write([]byte(msg)); err != nil {
+				c.err = err
+				return
+			}
+			conn.SetReadDeadline(time.Now().Add(demoWait))
+			for !answered {
+				n, err := conn.Read(buf)
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					break // resend
+				}
+				if err != nil {
+					c.err = err
+					return
+				}
+				if c.ordinal < 0 {
+					if cid := sock.CID(); len(cid) > 0 {
+						c.cid, c.ordinal = cid, int(cid[0])
+					}
+				}
+				ord, rest, _ := strings.Cut(string(buf[:n]), "|")
+				if rest != msg {
+					continue // a late echo of an earlier message's resent copy
+				}
+				if ord == strconv.Itoa(c.ordinal) {
+					c.echoed++
+				} else {
+					c.wrong++
+				}
+				answered = true
+			}
+		}
+		if !answered {
 			c.lost++
-		case from != to || !bytes.Equal(buf[:n], msg): // the reply comes from the replica it went through
-			c.bad++
-		default:
-			c.echoed++
 		}
 		time.Sleep(demoPace)
 	}
 }
 
-// tracker records, on the backend side, where every datagram arrived.
+// tracker records, on the backend side, where every message arrived.
 type tracker struct {
 	mu            sync.Mutex
 	replicaOfPort map[uint16]int // proxy upstream port → replica
-	sessions      map[string]*sessionSeen
-	hellos        map[netip.AddrPort]*helloSeen // by client address
-	helloCount    []int                         // per backend
-	other         int                           // unclassifiable payloads
+	clients       map[int]*clientSeen
+	other         int // messages not from a demo client
 }
 
-type helloSeen struct {
+type clientSeen struct {
 	backends map[uint8]int
-	replicas map[int]bool
-}
-
-type sessionSeen struct {
-	backends map[uint8]int
+	sessions map[uint64]bool
 	replicas map[int]bool
 	ports    map[netip.AddrPort]bool
 }
 
 func newTracker() *tracker {
-	return &tracker{
-		replicaOfPort: map[uint16]int{},
-		sessions:      map[string]*sessionSeen{},
-		hellos:        map[netip.AddrPort]*helloSeen{},
-		helloCount:    make([]int, demoBackends),
-	}
+	return &tracker{replicaOfPort: map[uint16]int{}, clients: map[int]*clientSeen{}}
 }
 
-func (t *tracker) observe(backend uint8, dg ppecho.Datagram) {
-	c, err := dtls.Classify(dg.Payload, cidroute.DefaultDTLSCIDLen)
+func (t *tracker) observe(ord uint8, m dtlsecho.Message) {
+	var id, seq int
+	_, err := fmt.Sscanf(string(m.Data), "client %d message %d", &id, &seq)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	switch {
-	case err != nil:
+	if err != nil {
 		t.other++
-	case c.Kind == dtls.KindEstablished:
-		s := t.sessions[string(c.CID)]
-		if s == nil {
-			s = &sessionSeen{backends: map[uint8]int{}, replicas: map[int]bool{}, ports: map[netip.AddrPort]bool{}}
-			t.sessions[string(c.CID)] = s
-		}
-		s.backends[backend]++
-		s.ports[dg.Client] = true
-		if r, ok := t.replicaOfPort[dg.Proxy.Port()]; ok {
-			s.replicas[r] = true
-		}
-	case c.ClientHello:
-		h := t.hellos[dg.Client]
-		if h == nil {
-			h = &helloSeen{backends: map[uint8]int{}, replicas: map[int]bool{}}
-			t.hellos[dg.Client] = h
-		}
-		h.backends[backend]++
-		if r, ok := t.replicaOfPort[dg.Proxy.Port()]; ok {
-			h.replicas[r] = true
-		}
-		t.helloCount[backend]++
-	default:
-		t.other++
+		return
+	}
+	s := t.clients[id]
+	if s == nil {
+		s = &clientSeen{backends: map[uint8]int{}, sessions: map[uint64]bool{}, replicas: map[int]bool{}, ports: map[netip.AddrPort]bool{}}
+		t.clients[id] = s
+	}
+	s.backends[ord]++
+	s.sessions[m.Session] = true
+	s.ports[m.From.Client] = true
+	if r, ok := t.replicaOfPort[m.From.Proxy.Port()]; ok {
+		s.replicas[r] = true
 	}
 }
 
@@ -293,19 +317,37 @@ func demoReport(out io.Writer, tr *tracker, backends []demoBackend, replicas []*
 	if !agreed {
 		failf("the replicas' routing steps disagree on new sessions")
 	}
-
-	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "\nbackend\taddress\tdatagrams\tCID sessions\tClientHellos")
-	for i, b := range backends {
-		n := 0
-		for _, s := range tr.sessions {
-			if s.backends[uint8(i)] > 0 {
-				n++
-			}
+	replicaName := func(proxy netip.AddrPort) string {
+		if r, ok := tr.replicaOfPort[proxy.Port()]; ok {
+			return string(rune('A' + r))
 		}
-		fmt.Fprintf(w, "%d\t%v\t%d\t%d\t%d\n", i, b.Addr(), b.Received(), n, tr.helloCount[i])
+		return proxy.String()
+	}
+
+	fmt.Fprintln(out, "\nper backend, the sessions it owns (claimed client address via measured proxy, first → last):")
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	var sessions int
+	for _, b := range backends {
+		st, dm := b.Stats()
+		ss := b.Sessions()
+		sessions += len(ss)
+		fmt.Fprintf(w, "backend %d\t%v\t%s\t%d datagrams via proxies, %d direct\t%d records for no session\n",
+			b.Ordinal(), b.Addr(), plural(len(ss), "session"), st.AcceptedProxied, st.AcceptedDirect, dm.DroppedNoSession)
+		for _, s := range ss {
+			fmt.Fprintf(w, "  session %d\t%v via %s → %v via %s\t%s\t%s\n",
+				s.ID, s.First.Client, replicaName(s.First.Proxy), s.Last.Client, replicaName(s.Last.Proxy), plural(s.Messages, "message"), plural(s.Moves, "move"))
+		}
+		if st.AcceptedDirect > 0 || st.DroppedUntrusted > 0 {
+			failf("backend %d got datagrams around the proxies", b.Ordinal())
+		}
+		if dm.DroppedNoSession > 0 {
+			failf("backend %d got %d records of sessions it does not own", b.Ordinal(), dm.DroppedNoSession)
+		}
 	}
 	w.Flush()
+	if sessions != len(cs) {
+		failf("%d backend sessions for %d clients: a rebinding started a new session", sessions, len(cs))
+	}
 
 	fmt.Fprintln(w, "\nreplica\tforward: received\tforwarded\tdropped\treverse: received\tforwarded\tdropped")
 	for i, r := range replicas {
@@ -322,8 +364,8 @@ func demoReport(out io.Writer, tr *tracker, backends []demoBackend, replicas []*
 	}
 	w.Flush()
 
-	fmt.Fprintln(w, "\nclient\tCID\tbackends seen\tdatagrams\tsource ports\treplicas\techoed/sent")
-	var sent, echoed int
+	fmt.Fprintln(w, "\nclient\tCID\tbackend (CID)\tanswered by\tsource ports\treplicas\techoed/sent\tresent")
+	var sent, echoed, resent, rebindings int
 	for i, c := range cs {
 		if c.err != nil {
 			failf("client %d: %v", i, c.err)
@@ -331,16 +373,16 @@ func demoReport(out io.Writer, tr *tracker, backends []demoBackend, replicas []*
 		}
 		sent += c.sent
 		echoed += c.echoed
-		s := tr.sessions[string(c.cid)]
+		resent += c.resent
+		rebindings += c.rebindings
+		s := tr.clients[i]
 		if s == nil {
-			failf("client %d: no CID datagram reached a backend", i)
+			failf("client %d: no message reached a backend", i)
 			continue
 		}
 		var seen []string
-		total := 0
-		for b, n := range s.backends {
+		for b := range s.backends {
 			seen = append(seen, fmt.Sprint(b))
-			total += n
 		}
 		slices.Sort(seen)
 		var reps []string
@@ -349,36 +391,27 @@ func demoReport(out io.Writer, tr *tracker, backends []demoBackend, replicas []*
 				reps = append(reps, string(rune('A'+r)))
 			}
 		}
-		fmt.Fprintf(w, "%d\t%x\t%s\t%d\t%d\t%s\t%d/%d\n", i, c.cid, strings.Join(seen, ","), total, len(s.ports), strings.Join(reps, "+"), c.echoed, c.sent)
-		if len(s.ports) < 2 || len(s.replicas) != len(replicas) {
+		fmt.Fprintf(w, "%d\t%x\t%d\t%s\t%d\t%s\t%d/%d\t%d\n", i, c.cid, c.ordinal, strings.Join(seen, ","), len(s.ports), strings.Join(reps, "+"), c.echoed, c.sent, c.resent)
+		switch {
+		case len(s.backends) != 1 || s.backends[uint8(c.ordinal)] == 0:
+			failf("client %d: session of ordinal %d reached backends %v", i, c.ordinal, seen)
+		case len(s.sessions) != 1:
+			failf("client %d: %d backend sessions", i, len(s.sessions))
+		case c.wrong > 0 || c.lost > 0 || c.echoed != c.sent:
+			failf("client %d: %d of %d messages answered by its backend, %d by another, %d lost", i, c.echoed, c.sent, c.wrong, c.lost)
+		case c.rebindings < 1 || len(s.ports) != c.rebindings+1 || len(s.replicas) != len(replicas):
 			failf("client %d: session did not cross ports and replicas", i)
-		}
-		if len(s.backends) != 1 || s.backends[c.ordinal] == 0 {
-			failf("client %d: CID of ordinal %d reached backends %v", i, c.ordinal, seen)
-		}
-		if c.echoed != c.sent {
-			failf("client %d: %d of %d echoes missing, %d wrong", i, c.lost, c.sent, c.bad)
 		}
 	}
 	w.Flush()
 
-	split, both := 0, 0
-	for _, h := range tr.hellos {
-		if len(h.backends) > 1 {
-			split++
-		}
-		if len(h.replicas) == len(replicas) {
-			both++
-		}
-	}
-	if split > 0 {
-		failf("%d client addresses had their ClientHellos spread over several backends", split)
-	}
 	if tr.other > 0 {
-		failf("%d datagrams reached a backend in an unexpected shape", tr.other)
+		failf("%d messages reached a backend in an unexpected shape", tr.other)
 	}
-	fmt.Fprintf(out, "\nclients: %d datagrams sent, %d echoed back by the replica they went through\n", sent, echoed)
-	fmt.Fprintf(out, "ClientHellos: %d client addresses, %d of them through both replicas; each address reached one backend\n", len(tr.hellos), both)
+	fmt.Fprintf(out, "\nclients: %d messages sent, %d echoed by the backend named in the session's CID, across %d rebindings (new source port and other replica)\n", sent, echoed, rebindings)
+	if resent > 0 {
+		fmt.Fprintf(out, "resent after %v without an echo: %d (pion/dtls v3.1.15 hands a record to the server before it moves the session to the record's new address, so the echo of the first record after a rebinding can leave for the old one)\n", demoWait, resent)
+	}
 	if len(fails) > 0 {
 		fmt.Fprintln(out, "result: FAILED")
 		for _, f := range fails {
@@ -386,8 +419,15 @@ func demoReport(out io.Writer, tr *tracker, backends []demoBackend, replicas []*
 		}
 		return fmt.Errorf("%d check(s) failed", len(fails))
 	}
-	fmt.Fprintln(out, "result: ok: every CID session stayed on its backend across replicas and source-port changes, every client address's ClientHellos reached one backend through either replica, and no datagram was lost")
+	fmt.Fprintln(out, "result: ok: every rebound session continued on its backend, through either replica, with one session per client and no datagram dropped")
 	return nil
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // drops formats a direction's drop total with its reasons.

@@ -61,16 +61,6 @@ func TestUsage(t *testing.T) {
 	require.Contains(t, errOut, "unexpected arguments")
 }
 
-// TestDemo runs the demo in-process, shortened to 3 s.
-func TestDemo(t *testing.T) {
-	var out, logs bytes.Buffer
-	err := runDemo(context.Background(), &out, newLogger(&logs, slog.LevelWarn, errWindow), 3*time.Second)
-	require.NoError(t, err, "%s\n%s", out.String(), logs.String())
-	require.Contains(t, out.String(), "both replicas pick the same backend for 1000/1000")
-	require.Contains(t, out.String(), "result: ok")
-	require.Empty(t, logs.String())
-}
-
 func TestLogRateLimit(t *testing.T) {
 	var buf bytes.Buffer
 	log := newLogger(&buf, slog.LevelInfo, 10*time.Second)
