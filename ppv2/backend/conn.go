@@ -385,9 +385,10 @@ func (c *Conn) intern(a Addr) *Addr {
 //     that proxy with a reverse PPv2 header (source = Service, destination
 //     = Client). This is the reply path: a reply to a request leaves
 //     through the proxy that delivered the request. Unless
-//     Config.ManualCommit is set, a successful write also commits the
-//     client's route to addr (see Commit): a DTLS or QUIC stack writes to a
-//     peer address only after it accepted a datagram from it.
+//     Config.ManualCommit is set, the write also commits the client's
+//     route to addr (see Commit), just before sending: a DTLS or QUIC
+//     stack writes to a peer address only after it accepted a datagram
+//     from it.
 //   - *Addr or Addr without a Proxy: p goes straight to Client, no header.
 //   - any other net.Addr (*net.UDPAddr, ...): the client's committed route
 //     is looked up (Route); without one the write fails with ErrNoRoute.
@@ -423,11 +424,12 @@ func (c *Conn) WriteTo(p []byte, addr net.Addr) (int, error) {
 // set (committing the route unless Config.ManualCommit), else directly to
 // a.Client. It does not allocate.
 func (c *Conn) WriteToAddr(p []byte, a Addr) (int, error) {
-	n, err := c.send(p, a)
-	if err == nil && a.Proxy.IsValid() && !c.cfg.ManualCommit {
+	if a.Proxy.IsValid() && !c.cfg.ManualCommit {
+		// Before the send, so that the route is in place by the time
+		// the client can react to the datagram.
 		c.routes.commit(a, nil, c.now())
 	}
-	return n, err
+	return c.send(p, a)
 }
 
 func (c *Conn) writeRoute(p []byte, client netip.AddrPort) (int, error) {
