@@ -191,12 +191,18 @@ func (r *results) markdown() string {
 					continue
 				}
 				m := s.Median
-				p("| %s | %s | %.0f | %.0f | %.2f%% | %.0f / %.0f / %.0f / %.0f | %s | %.2f + %.2f = %.2f | %s | %s | %.0f | %s |\n",
-					rateLabel(rate), s.Forwarder, m.OfferedPPS, m.RoundTrips, 100*m.Loss, m.P50, m.P90, m.P99, m.P999,
+				mark := ""
+				if m.Loss > 0.01 {
+					mark = " †"
+				}
+				p("| %s | %s | %.0f | %.0f%s | %.2f%% | %.0f / %.0f / %.0f / %.0f | %s | %.2f + %.2f = %.2f | %s | %s | %.0f | %s |\n",
+					rateLabel(rate), s.Forwarder, m.OfferedPPS, m.RoundTrips, mark, 100*m.Loss, m.P50, m.P90, m.P99, m.P999,
 					ratio(s.P99Ratio), m.UserUS, m.SysUS, m.TotalUS, ratio(s.CPURatio), ratio(s.UserRatio), m.PerCPUSec, allocs(m.Allocs))
 			}
 		}
-		p("\n")
+		p("\n† more than 1 %% lost: the forwarder is saturated at this offered rate. Its CPU per datagram counts completed round trips ")
+		p("only, so it overstates what each forwarded datagram cost. Flat out, loadgen keeps %d datagrams in flight per socket ", 256)
+		p("(a closed loop), and loadgen with the echo backends on one CPU, not the forwarder, usually sets the rate: read capacity from CPU per datagram.\n\n")
 	}
 	if len(counts) > 0 {
 		p("## State: concurrent client addresses at %s offered\n\n", rateLabel(r.ClientRate))
