@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
 	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
@@ -51,6 +52,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtl
 	trusted := fs.String("trusted-proxies", backendcfg.DefaultTrusted, "comma-separated `prefixes` allowed to send PROXY v2 headers")
 	direct := fs.String("direct", "accept", "datagrams without PROXY v2: accept, no-handshake (drop direct ClientHellos) or drop")
 	prefix := fs.String("prefix", "", "`text` prepended to every echo")
+	idle := fs.Duration("idle-timeout", 5*time.Minute, "end a session that received nothing for this long")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -64,7 +66,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtl
 		fmt.Fprintf(stderr, "dtls-backend: %v\n", err)
 		return 2
 	}
-	cfg := dtlsecho.Config{CIDLen: *cidLen, PSKIdentityHint: *hint, Prefix: *prefix, Logger: log}
+	cfg := dtlsecho.Config{CIDLen: *cidLen, PSKIdentityHint: *hint, Prefix: *prefix, IdleTimeout: *idle, Logger: log}
 	var from string
 	cfg.Ordinal, from, err = backendcfg.Resolve(*ordinal, nil)
 	if err == nil {
@@ -75,6 +77,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtl
 	}
 	if err == nil {
 		cfg.Direct, err = backendcfg.ParseDirect(*direct)
+	}
+	if err == nil && *idle <= 0 {
+		err = fmt.Errorf("-idle-timeout %v: must be positive", *idle)
 	}
 	if err == nil && *psk != "" {
 		cfg.PSK, err = hex.DecodeString(*psk)

@@ -58,6 +58,9 @@ type Config struct {
 	Prefix string
 	// HandshakeTimeout bounds each handshake (0 = 10 s).
 	HandshakeTimeout time.Duration
+	// IdleTimeout ends a session that received nothing for this long (0 =
+	// 5 minutes): a client that vanished sends no close_notify.
+	IdleTimeout time.Duration
 	// Logger receives the per-session lines (nil: discarded).
 	Logger *slog.Logger
 	// Observe, when set, is called with every message before it is echoed,
@@ -112,6 +115,9 @@ func Listen(cfg Config) (*Server, error) {
 	}
 	if cfg.HandshakeTimeout == 0 {
 		cfg.HandshakeTimeout = 10 * time.Second
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 5 * time.Minute
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -290,13 +296,17 @@ func (s *Server) serve(id uint64, c *pion.Conn) {
 	buf := make([]byte, 16384)
 	out := make([]byte, 0, len(s.cfg.Prefix)+len(buf))
 	last, msgs := first, 0
+	end := func(err error) {
+		s.mu.Lock()
+		ss.Open = false
+		s.mu.Unlock()
+		s.log.Info("session ended", "session", id, "client", last.Client, "messages", msgs, "reason", s.endReason(err))
+	}
 	for {
+		c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
 		n, err := c.Read(buf)
 		if err != nil {
-			s.mu.Lock()
-			ss.Open = false
-			s.mu.Unlock()
-			s.log.Info("session ended", "session", id, "client", last.Client, "messages", msgs, "reason", endReason(err))
+			end(err)
 			return
 		}
 		now := peer(c)
@@ -318,17 +328,20 @@ func (s *Server) serve(id uint64, c *pion.Conn) {
 		}
 		out = append(append(out[:0], s.cfg.Prefix...), buf[:n]...)
 		if _, err := c.Write(out); err != nil {
-			s.log.Info("session ended", "session", id, "client", last.Client, "messages", msgs, "reason", endReason(err))
-			s.mu.Lock()
-			ss.Open = false
-			s.mu.Unlock()
+			end(err)
 			return
 		}
 	}
 }
 
-func endReason(err error) string {
-	if errors.Is(err, net.ErrClosed) || errors.Is(err, piondtls.ErrClosed) {
+func (s *Server) endReason(err error) string {
+	var ne net.Error
+	switch {
+	case s.ctx.Err() != nil:
+		return "server stopped"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "idle"
+	case errors.Is(err, net.ErrClosed) || errors.Is(err, piondtls.ErrClosed):
 		return "closed"
 	}
 	if errors.Is(err, io.EOF) {

@@ -246,7 +246,7 @@ func (s *Server) serve(id uint64, c *quic.Conn) {
 			cn.Open = false
 			client, bytes := cn.Last.Client, cn.Bytes
 			s.mu.Unlock()
-			s.log.Info("connection ended", "conn", id, "client", client, "bytes", bytes, "reason", endReason(err))
+			s.log.Info("connection ended", "conn", id, "client", client, "bytes", bytes, "reason", s.endReason(err))
 			return
 		}
 		s.mu.Lock()
@@ -288,9 +288,14 @@ func (s *Server) echo(id uint64, c *quic.Conn, st *quic.Stream) {
 	}
 }
 
-func endReason(err error) string {
+func (s *Server) endReason(err error) string {
 	var app *quic.ApplicationError
+	var idle *quic.IdleTimeoutError
 	switch {
+	case s.ctx.Err() != nil:
+		return "server stopped"
+	case errors.As(err, &idle):
+		return "idle"
 	case errors.As(err, &app):
 		return fmt.Sprintf("closed by peer (code %d)", app.ErrorCode)
 	case errors.Is(err, context.Canceled), errors.Is(err, io.EOF):
