@@ -198,71 +198,65 @@ func (r *Router) RouteTo(hdr, b []byte, client, local netip.AddrPort) (Decision,
 	if err != nil {
 		return Decision{Reason: Malformed, Err: err}, hdr
 	}
-	d := r.decide(r.backends.Snapshot(), r.backends.Stale(), c, client)
-	if d.Reason != Forwarded {
-		return d, hdr
+	stale := c.Kind == KindNew && r.backends.Stale()
+	be, reason := r.decide(r.backends.Snapshot(), stale, &c, client)
+	if reason != Forwarded {
+		return Decision{Reason: reason, Class: c}, hdr
 	}
 	out, err := r.enc.AppendHeader(hdr, client, local)
 	if err != nil {
 		return Decision{Reason: Malformed, Class: c, Err: err}, hdr
 	}
-	return d, out
+	return Decision{Backend: be.Addr, Ordinal: be.Ordinal, Class: c}, out
 }
 
 // decide is SPEC.md's routing table. It reads like the table: established
 // sessions by their CID's ordinal (never re-hashed), new ones by HRW over
-// ready backends.
-func (r *Router) decide(snap *registry.Snapshot, stale bool, c Class, client netip.AddrPort) Decision {
-	d := Decision{Class: c}
+// ready backends. stale matters only for new sessions.
+func (r *Router) decide(snap *registry.Snapshot, stale bool, c *Class, client netip.AddrPort) (*registry.Backend, Reason) {
 	switch c.Kind {
 	case KindEstablished:
 		if len(c.ID) != r.codec.Len() {
-			d.Reason = UnknownOrdinal // a server CID always has the service's length
-			return d
+			return nil, UnknownOrdinal // a server CID always has the service's length
 		}
 		ord, routable := r.codec.Ordinal(c.ID)
 		if !routable {
 			// QUIC-LB "unroutable": the draft's fallback hashes the client.
-			return r.pick(d, snap, false, nil, client)
+			return r.pick(snap, false, nil, client)
 		}
-		return r.serving(d, snap, ord)
+		return serving(snap, ord)
 	case KindNew:
 		if len(c.ID) == r.codec.Len() {
 			// A QUIC Initial or 0-RTT packet that already carries the
 			// server's CID goes on to the backend it names.
 			if ord, ok := r.codec.Ordinal(c.ID); ok {
 				if b, ok := snap.Serving(ord); ok {
-					d.Backend, d.Ordinal = b.Addr, b.Ordinal
-					return d
+					return b, Forwarded
 				}
 			}
 		}
-		return r.pick(d, snap, stale, c.ID, client)
+		return r.pick(snap, stale, c.ID, client)
 	}
-	d.Reason = Malformed
-	return d
+	return nil, Malformed
 }
 
 // serving routes to the backend of ordinal when it still serves sessions.
-func (r *Router) serving(d Decision, snap *registry.Snapshot, ord uint8) Decision {
+func serving(snap *registry.Snapshot, ord uint8) (*registry.Backend, Reason) {
 	b, ok := snap.Backend(ord) // 255 is never in a snapshot
 	switch {
 	case !ok:
-		d.Reason = UnknownOrdinal
+		return nil, UnknownOrdinal
 	case b.State == registry.Gone:
-		d.Reason = NotServing
-	default:
-		d.Backend, d.Ordinal = b.Addr, b.Ordinal
+		return nil, NotServing
 	}
-	return d
+	return b, Forwarded
 }
 
 // pick chooses a ready backend for a new session by HRW: over key when the
 // classifier gave one (a QUIC DCID), else over client and service address.
-func (r *Router) pick(d Decision, snap *registry.Snapshot, stale bool, key []byte, client netip.AddrPort) Decision {
+func (r *Router) pick(snap *registry.Snapshot, stale bool, key []byte, client netip.AddrPort) (*registry.Backend, Reason) {
 	if stale {
-		d.Reason = StaleRegistry
-		return d
+		return nil, StaleRegistry
 	}
 	var b *registry.Backend
 	var ok bool
@@ -272,11 +266,9 @@ func (r *Router) pick(d Decision, snap *registry.Snapshot, stale bool, key []byt
 		b, ok = snap.PickNewAddrs(client, r.service)
 	}
 	if !ok {
-		d.Reason = NoReadyBackend
-		return d
+		return nil, NoReadyBackend
 	}
-	d.Backend, d.Ordinal = b.Addr, b.Ordinal
-	return d
+	return b, Forwarded
 }
 
 // unmap returns a with an IPv4-mapped IPv6 address in its IPv4 form, the

@@ -148,11 +148,11 @@ func (w *worker) forward(m, o *udpio.Message, snap *registry.Snapshot, stale boo
 	if w.adm != nil && !w.adm.Admit(c, m.Addr, now) {
 		return RateLimited
 	}
-	d := r.decide(snap, stale, c, m.Addr)
-	if d.Reason != Forwarded {
-		return d.Reason
+	be, reason := r.decide(snap, stale, &c, m.Addr)
+	if reason != Forwarded {
+		return reason
 	}
-	o.Buf, o.Addr, o.Local = b, d.Backend, netip.Addr{}
+	o.Buf, o.Addr, o.Local = b, be.Addr, netip.Addr{}
 	if w.sessions != nil {
 		o.Prefix = nil // transparent: the datagram goes unchanged
 		return Forwarded
