@@ -424,6 +424,9 @@ func (c *Conn) WriteTo(p []byte, addr net.Addr) (int, error) {
 // set (committing the route unless Config.ManualCommit), else directly to
 // a.Client. It does not allocate.
 func (c *Conn) WriteToAddr(p []byte, a Addr) (int, error) {
+	if a.Proxy.IsValid() && !a.Service.IsValid() {
+		return 0, errNoService
+	}
 	if a.Proxy.IsValid() && !c.cfg.ManualCommit {
 		// Before the send, so that the route is in place by the time
 		// the client can react to the datagram.
@@ -498,12 +501,14 @@ func (c *Conn) send(p []byte, a Addr) (int, error) {
 // go to a.Client through a.Proxy. A route is keyed by the client address
 // and, once known, by the CID; committing a known CID with a new client
 // address moves the route (the client rebound) and the old address no
-// longer resolves. Commit of an address without a Proxy does nothing.
+// longer resolves; a route that held the new address before is dropped,
+// since its session no longer owns it. Commit of an address without a Proxy
+// or Service does nothing.
 //
 // Never commit on inspection alone: a forged datagram would redirect the
 // session's replies. Commit allocates only when it creates a route.
 func (c *Conn) Commit(a Addr, cid []byte) {
-	if !a.Proxy.IsValid() {
+	if !a.Proxy.IsValid() || !a.Service.IsValid() {
 		return
 	}
 	c.routes.commit(a, cid, c.now())

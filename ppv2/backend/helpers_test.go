@@ -1,8 +1,12 @@
 package backend
 
 import (
+	"encoding/hex"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,4 +103,39 @@ func reverse(t testing.TB, b []byte) (ppv2.Header, []byte) {
 	h, off, err := ppv2.Parse(b)
 	require.NoError(t, err)
 	return h, b[off:]
+}
+
+// golden reads a captured datagram from another package's testdata: hex
+// digits with white space, '#' comment lines.
+func golden(t testing.TB, path string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var sb strings.Builder
+	for line := range strings.Lines(string(raw)) {
+		if !strings.HasPrefix(line, "#") {
+			sb.WriteString(strings.Join(strings.Fields(line), ""))
+		}
+	}
+	b, err := hex.DecodeString(sb.String())
+	require.NoError(t, err)
+	return b
+}
+
+// clock is a fake route-table clock.
+type clock struct{ t atomic.Int64 }
+
+func (c *clock) now() int64              { return c.t.Load() }
+func (c *clock) advance(d time.Duration) { c.t.Add(int64(d)) }
+
+func withClock(c *Conn) *clock {
+	ck := &clock{}
+	c.now = ck.now
+	return ck
+}
+
+// balanced checks that every datagram read was counted once.
+func balanced(t testing.TB, s Stats, read uint64) {
+	t.Helper()
+	require.Equal(t, read, s.Accepted()+s.Dropped(), "%+v", s)
 }

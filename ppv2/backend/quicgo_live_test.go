@@ -158,7 +158,7 @@ func (c *redirectConn) ReadFrom(b []byte) (int, net.Addr, error) {
 type plainConn struct{ net.PacketConn }
 
 func TestQUICGoBehindPipeline(t *testing.T) {
-	t.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true") // the client's wrapped socket
+	t.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")               // the client's wrapped socket
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // hang guard
 	defer cancel()
 	stc, ctc := tlsPair(t)
