@@ -1,13 +1,16 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	pion "github.com/pion/dtls/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -131,7 +134,7 @@ func TestPionSessionsSurviveRebinding(t *testing.T) {
 
 // TestPionClaimedAndMeasured: the backend logs the client address the
 // proxy claims and the proxy address it measured, apart, once per session
-// event.
+// event; and a client cannot start a session around the proxies.
 func TestPionClaimedAndMeasured(t *testing.T) {
 	logs := &syncBuffer{}
 	srv := dtlsBackend(t, 0, logs)
@@ -165,6 +168,21 @@ func TestPionClaimedAndMeasured(t *testing.T) {
 	assert.Contains(t, out, fmt.Sprintf(`msg="session moved" ordinal=0 session=1 from=%v client=%v proxy=%v service=%v`, before, after, s.Last.Proxy, public))
 	assert.Equal(t, 2, strings.Count(out, "\n"), "one line per session event, none per record")
 	resent.Store(0)
+
+	// A client that goes around the proxies gets nowhere: the backend drops
+	// direct ClientHellos (backend.DirectNoHandshake) and counts them.
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	direct, err := pion.Client(udp, net.UDPAddrFromAddrPort(srv.Addr()), dtlsecho.PSKClientConfig(testPSK, "bypass"))
+	require.NoError(t, err)
+	defer direct.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	require.Error(t, direct.HandshakeContext(ctx))
+	st, _ := srv.Stats()
+	assert.NotZero(t, st.DroppedDirectHandshake)
+	assert.Zero(t, st.AcceptedDirect)
+	assert.Len(t, srv.Sessions(), 1)
 }
 
 // TestPionDrainAndRemove: a draining backend keeps its sessions (even
