@@ -43,7 +43,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtl
 	fs := flag.NewFlagSet("dtls-backend", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "0.0.0.0:5684", "UDP `address` to listen on")
-	ordinal := fs.Int("ordinal", -1, "the backend's ordinal 0-254 (default: from the HOSTNAME suffix, ds-2 → 2)")
+	ordinal := fs.Int("ordinal", -1, "the backend's ordinal 0-254; -1 takes it from the HOSTNAME suffix (ds-2 → 2)")
 	cidLen := fs.Int("cid-len", 8, "connection ID length; the proxies' cid_len must match")
 	psk := fs.String("psk", "", "pre-shared key in `hex`: PSK mode (TLS_PSK_WITH_AES_128_CCM_8, _GCM_SHA256); empty: certificate mode")
 	hint := fs.String("psk-identity-hint", "cidroute", "PSK identity hint sent to clients")

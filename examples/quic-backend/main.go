@@ -43,8 +43,8 @@ func main() {
 func run(ctx context.Context, args []string, stderr io.Writer, started func(*quicecho.Server)) int {
 	fs := flag.NewFlagSet("quic-backend", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	listen := fs.String("listen", "0.0.0.0:443", "UDP `address` to listen on")
-	ordinal := fs.Int("ordinal", -1, "the backend's ordinal 0-254 (default: from the HOSTNAME suffix, qs-2 → 2)")
+	listen := fs.String("listen", "0.0.0.0:4433", "UDP `address` to listen on")
+	ordinal := fs.Int("ordinal", -1, "the backend's ordinal 0-254; -1 takes it from the HOSTNAME suffix (qs-2 → 2)")
 	cidLen := fs.Int("cid-len", 12, "QUIC-LB connection ID length (6-20); the proxies' cid_len must match")
 	alpn := fs.String("alpn", quicecho.DefaultALPN, "comma-separated ALPN `protocols` offered")
 	certFile := fs.String("cert", "", "certificate PEM `file` (default: self-signed at start)")
