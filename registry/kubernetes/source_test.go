@@ -281,9 +281,15 @@ func TestSourceSkipLoggedOnce(t *testing.T) {
 	r.waitBackends(t, be(0, "10.0.0.1:5684", registry.Draining))
 	require.Equal(t, 1, r.logs.count(slog.LevelWarn, "endpoint skipped"))
 
-	// A different reason for the same endpoint is a change: logged again.
-	c.update(slice("svc-a", pod("ds-0", "10.0.0.1", terminating), pod("web", "bad", ready)))
-	eventually(t, func() bool { return r.logs.count(slog.LevelWarn, "endpoint skipped") == 3 }, "two more skip logs")
+	// Another skipped endpoint is a change: that one is logged.
+	c.update(slice("svc-a", pod("ds-0", "10.0.0.1", terminating), pod("web", "10.0.0.2", ready), pod("ds-1", "bad", ready)))
+	eventually(t, func() bool { return r.logs.count(slog.LevelWarn, "endpoint skipped") == 2 }, "one more skip log")
+	// One that goes away and comes back is logged again.
+	c.update(slice("svc-a", pod("ds-0", "10.0.0.1", ready)))
+	r.waitBackends(t, be(0, "10.0.0.1:5684", registry.Ready))
+	c.update(slice("svc-a", pod("ds-0", "10.0.0.1", terminating), pod("web", "10.0.0.2", ready)))
+	r.waitBackends(t, be(0, "10.0.0.1:5684", registry.Draining))
+	require.Equal(t, 3, r.logs.count(slog.LevelWarn, "endpoint skipped"))
 }
 
 func TestSourceUnreachable(t *testing.T) {
@@ -297,9 +303,13 @@ func TestSourceUnreachable(t *testing.T) {
 		{"service unavailable", apierrors.NewServiceUnavailable("apiserver restarting")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCluster(t, slice("svc-a", pod("ds-0", "10.0.0.1", ready), pod("ds-1", "10.0.0.2", ready)))
+			c := newCluster(t, slice("svc-a", pod("ds-0", "10.0.0.1", ready), pod("ds-1", "10.0.0.2", unready)))
 			const maxAge = 300 * time.Millisecond
 			r := start(t, c, maxAge)
+			r.waitBackends(t, be(0, "10.0.0.1:5684", registry.Ready), be(1, "10.0.0.2:5684", registry.Gone))
+			// An event through the watch, so that its end below is an
+			// ordinary close after which the reflector re-watches.
+			c.update(slice("svc-a", pod("ds-0", "10.0.0.1", ready), pod("ds-1", "10.0.0.2", ready)))
 			r.waitBackends(t, be(0, "10.0.0.1:5684", registry.Ready), be(1, "10.0.0.2:5684", registry.Ready))
 			// Healthy: confirmations keep the registry fresh for many MaxAges.
 			confirmed := r.reg.Stats().Confirmations
