@@ -349,6 +349,11 @@ func (s *session) deliver(b []byte, a *backend.Addr) {
 // ReadFrom returns the session's next datagram.
 func (s *session) ReadFrom(b []byte) (int, net.Addr, error) {
 	select {
+	case <-s.closed:
+		return 0, nil, ErrClosed
+	default:
+	}
+	select {
 	case p := <-s.in:
 		n := copy(b, p.b)
 		bp := &p.b

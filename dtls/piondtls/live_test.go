@@ -38,13 +38,13 @@ func pskConfig() *pion.Config {
 
 // server is one pion backend: it answers every message m with
 // "<ordinal>|m" and, on "push", sends an extra unsolicited "push"
-// afterwards; it records what it saw per session.
+// afterwards; it records the sessions' remote addresses.
 type server struct {
-	ord  uint8
-	bc   *backend.Conn
-	pl   *PacketListener
-	ln   net.Listener
-	mu   sync.Mutex
+	ord   uint8
+	bc    *backend.Conn
+	pl    *PacketListener
+	ln    net.Listener
+	mu    sync.Mutex
 	seen  []backend.Addr // RemoteAddr at each message
 	conns []net.Conn
 	wg    sync.WaitGroup
@@ -106,14 +106,17 @@ func (s *server) serve() {
 				if err != nil {
 					return
 				}
-				ra := *c.RemoteAddr().(*backend.Addr)
-				s.mu.Lock()
-				s.seen = append(s.seen, ra)
-				s.mu.Unlock()
 				msg := string(buf[:n])
+				before := *c.RemoteAddr().(*backend.Addr)
 				if _, err := fmt.Fprintf(c, "%d|%s", s.ord, msg); err != nil {
 					return
 				}
+				// Before and after the reply: pion hands a record's data
+				// to Read before it moves the remote address.
+				after := *c.RemoteAddr().(*backend.Addr)
+				s.mu.Lock()
+				s.seen = append(s.seen, before, after)
+				s.mu.Unlock()
 				if msg == "push" {
 					if _, err := c.Write([]byte("push")); err != nil {
 						return
@@ -250,23 +253,29 @@ func dial(t *testing.T, ctx context.Context, sc *switchConn) *pion.Conn {
 	return c
 }
 
-// ask sends msg and returns the reply, retrying a few times: UDP on
-// loopback does not lose datagrams, but a retransmitted handshake flight may
-// cross a rebind.
+// ask sends msg and returns the reply "<ordinal>|msg", retrying a few
+// times and skipping answers to earlier retries. Loopback does not lose
+// datagrams, but right after a rebind pion may answer on the old path: it
+// hands a record's data to Read before it moves the session's remote
+// address, so a quick reply can still leave for the old one.
 func ask(t *testing.T, c *pion.Conn, msg string) string {
 	t.Helper()
 	buf := make([]byte, 2048)
 	for range 5 {
 		_, err := c.Write([]byte(msg))
 		require.NoError(t, err)
-		require.NoError(t, c.SetReadDeadline(time.Now().Add(2*time.Second)))
-		n, err := c.Read(buf)
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			continue
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(time.Second)))
+		for {
+			n, err := c.Read(buf)
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				break
+			}
+			require.NoError(t, err)
+			if got := string(buf[:n]); strings.HasSuffix(got, "|"+msg) {
+				return got
+			}
 		}
-		require.NoError(t, err)
-		return string(buf[:n])
 	}
 	t.Fatalf("no reply to %q", msg)
 	return ""
@@ -302,15 +311,19 @@ func TestPionBehindPipeline(t *testing.T) {
 
 		// The session's route moved with it: claimed client and measured
 		// proxy are the new ones.
-		seen := srv.seenAddrs()
-		var sawFirst, sawMoved bool
-		for _, a := range seen {
-			sawFirst = sawFirst || a.Client == first
-			sawMoved = sawMoved || a.Client == moved
+		// (The server records after its reply, so wait for it.)
+		require.Eventually(t, func() bool {
+			var sawFirst, sawMoved bool
+			for _, a := range srv.seenAddrs() {
+				sawFirst = sawFirst || a.Client == first
+				sawMoved = sawMoved || a.Client == moved
+			}
+			return sawFirst && sawMoved
+		}, 5*time.Second, time.Millisecond, "server saw %v; want %v and %v", srv.seenAddrs(), first, moved)
+		for _, a := range srv.seenAddrs() {
 			assert.True(t, a.Proxied(), "every datagram came through a proxy")
 			assert.Equal(t, publicAddr, a.Service)
 		}
-		assert.True(t, sawFirst && sawMoved, "server saw %v; want %v and %v", seen, first, moved)
 		r, ok := srv.bc.Route(moved)
 		require.True(t, ok, "route committed for the new address")
 		assert.Equal(t, moved, r.Client)
