@@ -1,0 +1,61 @@
+package piondtls_test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/pion/dtls/v3"
+
+	"github.com/cidroute/cidroute/dtls/piondtls"
+	"github.com/cidroute/cidroute/ppv2/backend"
+)
+
+// A pion/dtls v3 server with ordinal CIDs over the PPv2 adapter. Here the
+// client connects directly, which the adapter's default policy allows;
+// behind cidroute proxies the same server sees each client's claimed
+// address in RemoteAddr and the proxy beside it.
+func Example() {
+	psk := func([]byte) ([]byte, error) { return []byte("secret"), nil }
+	suites := []dtls.CipherSuiteID{dtls.TLS_PSK_WITH_AES_128_CCM_8}
+
+	udp, _ := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	conn, err := backend.New(udp, backend.Config{
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+		Protocol:       backend.DTLS,
+	})
+	if err != nil {
+		panic(err)
+	}
+	gen, _ := piondtls.Generator(2, 0) // this backend's ordinal: 2
+	ln, err := piondtls.Listen(conn, &dtls.Config{PSK: psk, PSKIdentityHint: []byte("server"),
+		CipherSuites: suites, ConnectionIDGenerator: gen})
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 100)
+		n, _ := c.Read(buf)
+		a := c.RemoteAddr().(*backend.Addr)
+		fmt.Fprintf(c, "%s (proxied: %v)", buf[:n], a.Proxied())
+	}()
+
+	cl, err := dtls.Dial("udp", ln.Addr().(*net.UDPAddr), &dtls.Config{PSK: psk, PSKIdentityHint: []byte("client"),
+		CipherSuites: suites, ConnectionIDGenerator: dtls.OnlySendCIDGenerator()})
+	if err != nil {
+		panic(err)
+	}
+	defer cl.Close()
+	cl.Write([]byte("hello"))
+	buf := make([]byte, 100)
+	n, _ := cl.Read(buf)
+	fmt.Println(string(buf[:n]))
+	// Output:
+	// hello (proxied: false)
+}
