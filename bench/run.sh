@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 out=bench/out
 mkdir -p "$out/bin"
 go build -o "$out/bin/" ./examples/loadgen ./examples/echo ./examples/cidproxy ./bench/rawfwd ./bench/naivefwd ./bench/runner
-"$out/bin/runner" -bin "$out/bin" -out "$out" "$@"
+"$out/bin/runner" -bin "$out/bin" -out "$out" -command "bash bench/run.sh $*" "$@"
 
 # The chart; the plotting library lives in its own module (bench/plot).
 (cd bench/plot && go run . -in ../out/results.json -out ../out/chart)

@@ -55,6 +55,7 @@ type options struct {
 	profileSecs   int
 	command       string // as typed, for the report
 	nginx, module string
+	render        string
 }
 
 func parseOptions(args []string, stderr io.Writer) (options, error) {
@@ -78,10 +79,15 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.profileSecs, "profile", 0, "also capture a CPU profile of cidproxy-1w of this many seconds at flat out and at 50000/s")
 	fs.StringVar(&o.nginx, "nginx", "nginx", "nginx binary")
 	fs.StringVar(&o.module, "nginx-stream-module", "/usr/lib/nginx/modules/ngx_stream_module.so", "ngx_stream_module.so")
+	command := fs.String("command", "", "the command line to print in the report (run.sh passes its own)")
+	fs.StringVar(&o.render, "render", "", "only rewrite table.md in -out from this `results.json` (after changing the report)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	o.command = strings.TrimSpace("bash bench/run.sh " + strings.Join(args, " "))
+	o.command = strings.TrimSpace(*command)
+	if o.command == "" {
+		o.command = strings.TrimSpace("go run ./bench/runner " + strings.Join(args, " "))
+	}
 	o.reps = *reps
 	if o.reps == 0 {
 		o.reps = 3
@@ -178,13 +184,16 @@ func cmd(ctx context.Context, args []string, log io.Writer) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
+	if o.render != "" {
+		return render(o.render, o.out)
+	}
 	// Sessions of the naive forwarder and nginx need one fd per client;
 	// children inherit this (root may raise the hard limit).
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil {
 		lim.Cur = lim.Max
 		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
-		if need := uint64(2*slices.Max(append(o.clientCounts, 0)) + 100); lim.Max < need {
+		if need := uint64(slices.Max(append(o.clientCounts, 0)) + 100); lim.Max < need {
 			fmt.Fprintf(log, "runner: RLIMIT_NOFILE %d is below the %d a per-session forwarder needs\n", lim.Max, need)
 		}
 	}
@@ -340,4 +349,18 @@ func machine() string {
 		ng = strings.TrimPrefix(strings.TrimSpace(string(out)), "nginx version: ")
 	}
 	return fmt.Sprintf("%d × %s, Linux %s, %s, nginx %s", runtime.NumCPU(), cpu, kernel, runtime.Version(), ng)
+}
+
+// render rewrites table.md from a results.json.
+func render(from, out string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	var r results
+	if err := json.Unmarshal(b, &r); err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	r.summarize()
+	return os.WriteFile(filepath.Join(out, "table.md"), []byte(r.markdown()), 0o644)
 }

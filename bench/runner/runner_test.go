@@ -75,6 +75,9 @@ func TestOptions(t *testing.T) {
 	assert.Equal(t, 1, o.reps)
 	assert.Equal(t, []uint64{25000, 50000, 0}, o.rates)
 	assert.Equal(t, "1s", o.timing.duration)
+	assert.Equal(t, "go run ./bench/runner -quick", o.command)
+	o, err = parseOptions([]string{"-command", "bash bench/run.sh -quick", "-quick"}, &bytes.Buffer{})
+	require.NoError(t, err)
 	assert.Equal(t, "bash bench/run.sh -quick", o.command)
 
 	o, err = parseOptions(nil, &bytes.Buffer{})
@@ -177,7 +180,17 @@ func TestSmoke(t *testing.T) {
 	assert.Contains(t, md, "| flat out | cidproxy-1w |")
 	assert.Contains(t, md, "| naive | 200 |")
 	assert.Contains(t, md, "## Targets")
-	assert.True(t, strings.HasPrefix(r.Command, "bash bench/run.sh -quick"))
+	assert.True(t, strings.HasPrefix(r.Command, "go run ./bench/runner -quick"))
+
+	// -render rewrites the table from the results alone.
+	dir := t.TempDir()
+	b, err := json.Marshal(r)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "results.json"), b, 0o644))
+	require.NoError(t, cmd(context.Background(), []string{"-render", filepath.Join(dir, "results.json"), "-out", dir}, &bytes.Buffer{}))
+	again, err := os.ReadFile(filepath.Join(dir, "table.md"))
+	require.NoError(t, err)
+	assert.Equal(t, md, string(again))
 }
 
 // TestNginxSmoke drives nginx's UDP stream proxy for a moment.
