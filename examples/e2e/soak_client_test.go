@@ -38,6 +38,10 @@ type soakClient struct {
 	wait  time.Duration // for each echo
 
 	asks, answered, failed, retries, late, misrouted atomic.Int64
+	// writes counts the records sent, echoes the echoes of them that came
+	// back (answers and late ones): after a drain, the difference is what
+	// was lost on the way.
+	writes, echoes atomic.Int64
 }
 
 var errSoakNoReply = errors.New("soak: no reply")
@@ -60,7 +64,7 @@ func soakDial(ctx context.Context, id int, via netip.AddrPort, timeout time.Dura
 		sock.Close()
 		return nil, fmt.Errorf("client %d handshake via %v: %w", id, via, err)
 	}
-	return &soakClient{id: id, sock: sock, conn: conn, buf: make([]byte, 2048), tries: 5, wait: 500 * time.Millisecond}, nil
+	return &soakClient{id: id, sock: sock, conn: conn, buf: make([]byte, 2048), tries: 5, wait: soakWait}, nil
 }
 
 // soakDialMany handshakes n clients, client i through vias[i%len(vias)],
@@ -140,10 +144,11 @@ func (c *soakClient) ask() error {
 			c.failed.Add(1)
 			return err
 		}
+		c.writes.Add(1)
 		deadline := time.Now().Add(c.wait)
 		for {
 			c.conn.SetReadDeadline(deadline)
-			n, err := c.conn.Read(c.buf)
+			answer, err := c.read(msg)
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
 				break
@@ -152,33 +157,66 @@ func (c *soakClient) ask() error {
 				c.failed.Add(1)
 				return err
 			}
-			ord, rest, ok := bytes.Cut(c.buf[:n], []byte("|"))
-			if !ok || !bytes.Equal(rest, msg) {
-				c.late.Add(1)
-				continue
+			if answer {
+				c.answered.Add(1)
+				return nil
 			}
-			if o, err := strconv.Atoi(string(ord)); err != nil || o != c.ordinal() {
-				c.misrouted.Add(1)
-			}
-			c.answered.Add(1)
-			return nil
 		}
 	}
 	c.failed.Add(1)
 	return errSoakNoReply
 }
 
+// read reads one echo and reports whether it answers msg; any other echo
+// of this client's messages is a late one.
+func (c *soakClient) read(msg []byte) (bool, error) {
+	n, err := c.conn.Read(c.buf)
+	if err != nil {
+		return false, err
+	}
+	ord, rest, _ := bytes.Cut(c.buf[:n], []byte("|"))
+	if o, err := strconv.Atoi(string(ord)); err != nil || o != c.ordinal() {
+		c.misrouted.Add(1)
+	}
+	c.echoes.Add(1)
+	if bytes.Equal(rest, msg) {
+		return true, nil
+	}
+	c.late.Add(1)
+	return false, nil
+}
+
+// soakWait is how long a client waits for an echo before resending.
+var soakWait = 500 * time.Millisecond
+
+// soakDrainWait bounds how long a stopped client waits for the echoes of
+// its resent records.
+var soakDrainWait = time.Second
+
+// drain reads the echoes still owed to the client, until none is owed or
+// soakDrainWait passed, so that writes − echoes is what was lost.
+func (c *soakClient) drain() {
+	deadline := time.Now().Add(soakDrainWait)
+	for c.writes.Load() > c.echoes.Load() && time.Now().Before(deadline) {
+		c.conn.SetReadDeadline(deadline)
+		if _, err := c.read(nil); err != nil {
+			return
+		}
+	}
+}
+
 // A soakDriver runs closed-loop traffic: every client asks, pauses, asks
 // again, until Stop. A client whose ask fails stops (its session is
 // considered dead; the scenario decides whether that is allowed).
 type soakDriver struct {
+	cs   []*soakClient
 	stop chan struct{}
 	wg   sync.WaitGroup
 	once sync.Once
 }
 
 func soakDrive(cs []*soakClient, pause time.Duration, before func(c *soakClient, k int)) *soakDriver {
-	d := &soakDriver{stop: make(chan struct{})}
+	d := &soakDriver{cs: cs, stop: make(chan struct{})}
 	for _, c := range cs {
 		d.wg.Go(func() {
 			t := time.NewTimer(0)
@@ -205,7 +243,7 @@ func soakDrive(cs []*soakClient, pause time.Duration, before func(c *soakClient,
 // soakDriveEvery is soakDrive with one ask per period per client, started
 // on a ticker (a tick that comes while an ask is under way is skipped).
 func soakDriveEvery(cs []*soakClient, period time.Duration) *soakDriver {
-	d := &soakDriver{stop: make(chan struct{})}
+	d := &soakDriver{cs: cs, stop: make(chan struct{})}
 	for _, c := range cs {
 		d.wg.Go(func() {
 			tk := time.NewTicker(period)
@@ -225,14 +263,22 @@ func soakDriveEvery(cs []*soakClient, period time.Duration) *soakDriver {
 	return d
 }
 
+// Stop stops the clients and lets each collect the echoes it is owed.
 func (d *soakDriver) Stop() {
-	d.once.Do(func() { close(d.stop) })
-	d.wg.Wait()
+	d.once.Do(func() {
+		close(d.stop)
+		d.wg.Wait()
+		var wg sync.WaitGroup
+		for _, c := range d.cs {
+			wg.Go(c.drain)
+		}
+		wg.Wait()
+	})
 }
 
 // soakTally sums clients' counters.
 type soakTally struct {
-	Asks, Answered, Failed, Retries, Late, Misrouted, Sent, Recv, Rebinds int64
+	Asks, Answered, Failed, Retries, Late, Misrouted, Writes, Echoes, Sent, Recv, Rebinds int64
 }
 
 func soakSum(cs ...[]*soakClient) soakTally {
@@ -244,6 +290,8 @@ func soakSum(cs ...[]*soakClient) soakTally {
 			t.Failed += c.failed.Load()
 			t.Retries += c.retries.Load()
 			t.Late += c.late.Load()
+			t.Writes += c.writes.Load()
+			t.Echoes += c.echoes.Load()
 			t.Misrouted += c.misrouted.Load()
 			t.Sent += int64(c.sock.sent.Load())
 			t.Recv += int64(c.sock.recv.Load())
@@ -253,9 +301,9 @@ func soakSum(cs ...[]*soakClient) soakTally {
 	return t
 }
 
-// Lost is the number of datagrams (a message or its echo) that never
-// arrived: resends whose late echo did not show up either.
-func (t soakTally) Lost() int64 { return max(t.Retries-t.Late, 0) }
+// Lost is the number of records (a message or its echo) that never came
+// back, once the clients were stopped and drained.
+func (t soakTally) Lost() int64 { return t.Writes - t.Echoes }
 
 func soakCloseAll(cs ...[]*soakClient) {
 	for _, list := range cs {

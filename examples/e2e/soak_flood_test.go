@@ -617,7 +617,11 @@ func soakRateLimits(t *testing.T, sc soakScale) soakRow {
 
 	assert.Zero(t, legit.Failed)
 	assert.Zero(t, legit.Lost())
-	assert.GreaterOrEqual(t, floodRate, 0.8*baseRate, "legitimate throughput under flood %.0f/s, baseline %.0f/s", floodRate, baseRate)
+	// A throughput ratio measures the machine as much as the proxy; under
+	// the race detector it is only reported.
+	if !soakRace {
+		assert.GreaterOrEqual(t, floodRate, 0.8*baseRate, "legitimate throughput under flood %.0f/s, baseline %.0f/s", floodRate, baseRate)
+	}
 	d := cl.totals("dtls").sub(tot0)
 	var floodSent uint64
 	for _, k := range kinds {

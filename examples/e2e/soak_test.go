@@ -35,6 +35,9 @@ import (
 	"github.com/cidroute/cidroute/registry"
 )
 
+// soakRace is set when built with -race (soak_race_test.go).
+var soakRace bool
+
 var soakFor = flag.Duration("soak", 0, "run the longer soak, spreading about this much traffic time over the scenarios (e.g. 2m); 0 runs the short CI version")
 
 // soakScale is the size of a run.
@@ -47,20 +50,24 @@ type soakScale struct {
 }
 
 func soakScaleFor() soakScale {
-	if *soakFor <= 0 {
-		return soakScale{Clients: 16, Phase: 600 * time.Millisecond, Pause: 5 * time.Millisecond, FloodPPS: 1000}
+	sc := soakScale{Clients: 16, Phase: 600 * time.Millisecond, Pause: 5 * time.Millisecond, FloodPPS: 1000}
+	if *soakFor > 0 {
+		// Seven scenarios of about three phases each.
+		sc = soakScale{Clients: 64, Phase: max(*soakFor/21, time.Second), Pause: 5 * time.Millisecond, FloodPPS: 3000, Long: true}
 	}
-	// Seven scenarios of about three phases each.
-	return soakScale{Clients: 64, Phase: max(*soakFor/21, time.Second), Pause: 5 * time.Millisecond, FloodPPS: 3000, Long: true}
+	if soakRace {
+		sc.FloodPPS /= 4
+	}
+	return sc
 }
 
 // A soakRow is one scenario's figures, a row of the reliability table.
 type soakRow struct {
-	Scenario  string
-	Load      string
-	Elapsed   time.Duration
-	Clients   int
-	Tally     soakTally
+	Scenario string
+	Load     string
+	Elapsed  time.Duration
+	Clients  int
+	Tally    soakTally
 	// Failed and Lost count the sessions the bound is about (scenario 1:
 	// those of the surviving backends).
 	Failed, Lost int64
