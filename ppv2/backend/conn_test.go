@@ -489,3 +489,16 @@ func TestConcurrentWriters(t *testing.T) {
 	wg.Wait()
 	assert.Equal(t, uint64(6*per), c.Stats().WrittenProxied)
 }
+
+func TestTrustedPrefixForms(t *testing.T) {
+	c := newConn(t, Config{TrustedProxies: []netip.Prefix{
+		netip.MustParsePrefix("::ffff:10.0.0.0/104"), // IPv4-mapped form of 10.0.0.0/8
+		netip.MustParsePrefix("2001:db8::/32"),
+	}})
+	for ip, want := range map[string]bool{
+		"10.9.9.9": true, "::ffff:10.9.9.9": true, "11.0.0.1": false,
+		"2001:db8::1": true, "2001:db9::1": false, "127.0.0.1": false,
+	} {
+		assert.Equal(t, want, c.isTrusted(netip.MustParseAddr(ip)), ip)
+	}
+}
