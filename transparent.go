@@ -144,7 +144,7 @@ func (t *sessionTable) relay(s *session) {
 		}
 		rev.received.Add(1)
 		s.seen.Store(t.now.Load())
-		if flags&syscall.MSG_TRUNC != 0 {
+		if flags&msgTrunc != 0 {
 			rev.dropped[Malformed].Add(1)
 			continue
 		}
