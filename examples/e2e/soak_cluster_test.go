@@ -356,24 +356,34 @@ func (cl *soakCluster) proxyDrops() uint64 {
 	return soakSockDrops(ports)
 }
 
-// allDrops is proxyDrops plus the drops at the live backends' and the
+// soakOverflows are the kernel's socket-buffer drops at the cluster's
+// sockets, by role.
+type soakOverflows struct{ Proxy, Backend, Client uint64 }
+
+func (o soakOverflows) Total() uint64 { return o.Proxy + o.Backend + o.Client }
+
+func (o soakOverflows) String() string {
+	return fmt.Sprintf("%d (proxies %d, backends %d, clients %d)", o.Total(), o.Proxy, o.Backend, o.Client)
+}
+
+// allDrops is proxyDrops, and the drops at the live backends' and the
 // given clients' sockets.
-func (cl *soakCluster) allDrops(clients ...[]*soakClient) uint64 {
-	ports := map[uint16]bool{}
+func (cl *soakCluster) allDrops(clients ...[]*soakClient) soakOverflows {
+	bports, cports := map[uint16]bool{}, map[uint16]bool{}
 	cl.mu.Lock()
 	for _, s := range cl.srvs {
-		ports[s.Addr().Port()] = true
+		bports[s.Addr().Port()] = true
 	}
 	cl.mu.Unlock()
 	for _, s := range cl.quicSrvs {
-		ports[s.Addr().Port()] = true
+		bports[s.Addr().Port()] = true
 	}
 	for _, list := range clients {
 		for _, c := range list {
-			ports[c.sock.Local().Port()] = true
+			cports[c.sock.Local().Port()] = true
 		}
 	}
-	return cl.proxyDrops() + soakSockDrops(ports)
+	return soakOverflows{Proxy: cl.proxyDrops(), Backend: soakSockDrops(bports), Client: soakSockDrops(cports)}
 }
 
 // release drops the closed cluster's references to pipelines and servers,
