@@ -169,6 +169,7 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 			for _, c := range group {
 				c.Close()
 			}
+			s.closeSessions()
 			for _, w := range s.workers {
 				w.closeUpstream()
 			}
@@ -278,15 +279,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	// Wake every reader without closing its socket: in-flight batches are
 	// still sent, then the loops return and the sockets close.
 	p.eachSocket(func(c *net.UDPConn) { c.SetReadDeadline(time.Unix(1, 0)) })
-	for _, s := range p.services {
-		for _, w := range s.workers {
-			if w.sessions != nil {
-				w.sessions.close()
-			}
-		}
-	}
 	wg.Wait()
-	p.closeSockets()
+	p.closeSockets() // after the forward loops: nothing opens a session now
 	p.err = err
 	p.log.Info("pipeline stopped")
 	return err
@@ -316,4 +310,18 @@ func (p *Pipeline) eachSocket(f func(*net.UDPConn)) {
 	}
 }
 
-func (p *Pipeline) closeSockets() { p.eachSocket(func(c *net.UDPConn) { c.Close() }) }
+// closeSockets ends the transparent sessions, then closes every socket.
+func (p *Pipeline) closeSockets() {
+	for _, s := range p.services {
+		s.closeSessions()
+	}
+	p.eachSocket(func(c *net.UDPConn) { c.Close() })
+}
+
+func (s *service) closeSessions() {
+	for _, w := range s.workers {
+		if w.sessions != nil {
+			w.sessions.close()
+		}
+	}
+}

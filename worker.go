@@ -31,6 +31,7 @@ type worker struct {
 	// where upConn is the shared upstream socket instead.
 	sessions *sessionTable
 	clients  []netip.AddrPort // transparent: client of fwdOut[i]
+	locals   []netip.Addr     // transparent: the address that client sent to
 
 	fwdIn, fwdOut []udpio.Message
 	revIn, revOut []udpio.Message
@@ -46,8 +47,9 @@ func newWorker(s *service, in *net.UDPConn, sc Service, cfg Config) (*worker, er
 		return nil, err
 	}
 	if sc.Transparent {
-		w.sessions = newSessionTable(w, sc)
+		w.sessions = newSessionTable(w, sc, cfg.MaxDatagram)
 		w.clients = make([]netip.AddrPort, n)
+		w.locals = make([]netip.Addr, n)
 	} else {
 		lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
 		ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
@@ -79,7 +81,7 @@ func (w *worker) closeUpstream() {
 // loops returns the goroutines that serve the worker.
 func (w *worker) loops() []func() error {
 	if w.sessions != nil {
-		return []func() error{w.forwardLoop, func() error { w.sessions.sweep(); return nil }}
+		return []func() error{w.forwardLoop} // relays and sweeper belong to the table
 	}
 	return []func() error{w.forwardLoop, w.reverseLoop}
 }
@@ -118,11 +120,15 @@ func (w *worker) forwardLoop() error {
 			}
 			if w.sessions != nil {
 				w.clients[len(out)] = w.fwdIn[i].Addr
+				w.locals[len(out)] = netip.Addr{}
+				if w.svc.measured {
+					w.locals[len(out)] = w.fwdIn[i].Local
+				}
 			}
 			out = out[:len(out)+1]
 		}
 		if w.sessions != nil {
-			w.sessions.send(out, w.clients, &c)
+			w.sessions.send(out, w.clients, w.locals, &c)
 		} else {
 			err = send(w.up, out, &c)
 		}

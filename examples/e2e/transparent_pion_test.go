@@ -260,6 +260,10 @@ func TestTransparentPionRebinding(t *testing.T) {
 		}
 	}
 	t.Logf("sessions by number of sources their server answered: %v", seen)
-	// Each client address holds one session on the replica it used.
-	assert.Equal(t, 3*clients, rs[0].sessions()+rs[1].sessions())
+	// Each client address holds one session on the replica it used. The
+	// kernel may hand a closed socket's port to a client's next socket,
+	// which then reuses that address's session: allow a couple.
+	got := rs[0].sessions() + rs[1].sessions()
+	assert.LessOrEqual(t, got, 3*clients)
+	assert.GreaterOrEqual(t, got, 3*clients-2)
 }
