@@ -53,7 +53,7 @@ func soakScaleFor() soakScale {
 	sc := soakScale{Clients: 16, Phase: 600 * time.Millisecond, Pause: 5 * time.Millisecond, FloodPPS: 1000}
 	if *soakFor > 0 {
 		// Seven scenarios of about three phases each.
-		sc = soakScale{Clients: 64, Phase: max(*soakFor/21, time.Second), Pause: 5 * time.Millisecond, FloodPPS: 3000, Long: true}
+		sc = soakScale{Clients: 64, Phase: max((*soakFor / 21).Round(100*time.Millisecond), time.Second), Pause: 5 * time.Millisecond, FloodPPS: 3000, Long: true}
 	}
 	if soakRace {
 		sc.FloodPPS /= 4
