@@ -4,8 +4,12 @@
 package testtool
 
 import (
+	"bytes"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 )
 
@@ -28,4 +32,51 @@ func Look(t testing.TB, pkg string, names ...string) string {
 	}
 	t.Skipf("%v not found on PATH: install Debian package %s (set CIDROUTE_REQUIRE_TOOLS=1 to fail instead)", names, pkg)
 	return ""
+}
+
+// FreePort returns a loopback port that was free a moment ago on network
+// "udp" or "tcp", for configs that must name a port before the program that
+// binds it starts.
+func FreePort(t testing.TB, network string) uint16 {
+	t.Helper()
+	var a net.Addr
+	if network == "udp" {
+		c, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a = c.LocalAddr()
+		c.Close()
+	} else {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a = l.Addr()
+		l.Close()
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ap.Port()
+}
+
+// SyncBuffer is a bytes.Buffer that writer goroutines (a logger, a child
+// process) and the test may use at the same time.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -1,4 +1,4 @@
-package main
+package proxyapp
 
 import (
 	"context"
@@ -38,7 +38,7 @@ func TestServeInProcess(t *testing.T) {
 	var logs syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, newLogger(&logs, slog.LevelInfo, errWindow)) }()
+	go func() { done <- serve(ctx, cfg, newLogger(&logs, slog.LevelInfo, errWindow), Options{}) }()
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -95,7 +95,7 @@ func TestServeBadMetricsAddress(t *testing.T) {
 	port := freePort(t, "udp")
 	cfg, err := parseConfig(strings.NewReader(fmt.Sprintf(`{"metrics_listen": "256.0.0.1:1", "services": [{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:%d", "workers": 1, "backends_file": "x"}]}`, port)))
 	require.NoError(t, err)
-	err = serve(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	err = serve(context.Background(), cfg, slog.New(slog.DiscardHandler), Options{})
 	require.ErrorContains(t, err, "metrics_listen")
 	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)))
 	require.NoError(t, err, "the service port was released")

@@ -1,4 +1,4 @@
-package main
+package proxyapp
 
 import (
 	"context"
@@ -38,7 +38,7 @@ type proxyService struct {
 // socket, so a busy port fails here) and starts the sources. A static list
 // is published before the pipeline exists, so no datagram meets an empty
 // registry.
-func newProxy(cfg *config, log *slog.Logger) (*proxy, error) {
+func newProxy(cfg *config, log *slog.Logger, opts Options) (*proxy, error) {
 	p := &proxy{log: log}
 	ctx, cancel := context.WithCancel(context.Background())
 	p.stopSources = cancel
@@ -53,10 +53,20 @@ func newProxy(cfg *config, log *slog.Logger) (*proxy, error) {
 		ps := &proxyService{cfg: sc, reg: reg}
 		ps.updater = &loggingUpdater{Registry: reg, log: log.With("service", sc.Name)}
 		p.services = append(p.services, ps)
-		if sc.BackendsFile != "" {
+		switch {
+		case sc.Kubernetes != nil:
+			if opts.Kubernetes == nil {
+				p.close()
+				return nil, fmt.Errorf("service %q: %w", sc.Name, errNoKubernetes)
+			}
+			if ps.source, err = opts.Kubernetes(*sc.Kubernetes, log.With("service", sc.Name)); err != nil {
+				p.close()
+				return nil, fmt.Errorf("service %q: kubernetes: %w", sc.Name, err)
+			}
+		case sc.BackendsFile != "":
 			ps.file = &registry.File{Path: sc.BackendsFile, Logger: log.With("service", sc.Name)}
 			ps.source = ps.file
-		} else {
+		default:
 			if err := ps.updater.Update(sc.Backends); err != nil {
 				p.close()
 				return nil, fmt.Errorf("service %q: %w", sc.Name, err)

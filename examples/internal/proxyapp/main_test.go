@@ -1,4 +1,4 @@
-package main
+package proxyapp
 
 import (
 	"bytes"
@@ -6,11 +6,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/registry"
 )
 
 func runArgs(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -21,10 +24,10 @@ func runArgs(t *testing.T, args ...string) (code int, stdout, stderr string) {
 }
 
 func TestCheckGood(t *testing.T) {
-	code, out, errOut := runArgs(t, "-check", "-config", "example.json")
+	code, out, errOut := runArgs(t, "-check", "-config", "../../cidproxy/example.json")
 	require.Equal(t, 0, code, errOut)
 	require.Empty(t, errOut)
-	require.True(t, strings.HasPrefix(out, "example.json: ok: 2 service(s): coaps dtls"), out)
+	require.True(t, strings.HasPrefix(out, "../../cidproxy/example.json: ok: 2 service(s): coaps dtls"), out)
 	require.Equal(t, 1, strings.Count(out, "\n"), "one line")
 }
 
@@ -56,7 +59,7 @@ func TestUsage(t *testing.T) {
 	require.Contains(t, errOut, "-config FILE is required")
 	code, _, _ = runArgs(t, "-bogus")
 	require.Equal(t, 2, code)
-	code, _, errOut = runArgs(t, "-config", "example.json", "extra")
+	code, _, errOut = runArgs(t, "-config", "../../cidproxy/example.json", "extra")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "unexpected arguments")
 }
@@ -78,4 +81,32 @@ func TestLogRateLimit(t *testing.T) {
 	require.Len(t, lines, 2+5+1, buf.String())
 	require.Contains(t, lines[len(lines)-1], "suppressed=4")
 	require.Contains(t, lines[len(lines)-1], "service=a")
+}
+
+// TestKubernetesNeedsItsBuild: the plain build refuses a "kubernetes"
+// service with a message naming the build that has it; a build with the
+// hook starts that service's source through it.
+func TestKubernetesNeedsItsBuild(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "k.json")
+	port := freePort(t, "udp")
+	require.NoError(t, os.WriteFile(path, []byte(`{"services": [{"name": "k", "protocol": "dtls", "listen": "127.0.0.1:`+strconv.Itoa(int(port))+`",
+		"kubernetes": {"service": "ds", "port_name": "dtls"}}]}`), 0o600))
+	code, _, errOut := runArgs(t, "-check", "-config", path)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "examples/kubernetes/cidproxy")
+
+	var got Kubernetes
+	var out, e bytes.Buffer
+	code = Run(context.Background(), []string{"-check", "-config", path}, &out, &e, Options{
+		Kubernetes: func(k Kubernetes, _ *slog.Logger) (registry.Source, error) { got = k; return registry.Static{}, nil },
+	})
+	require.Equal(t, 0, code, e.String())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // serve starts the source, then stops at once
+	code = Run(ctx, []string{"-config", path}, &out, &e, Options{
+		Kubernetes: func(k Kubernetes, _ *slog.Logger) (registry.Source, error) { got = k; return registry.Static{}, nil },
+	})
+	require.Equal(t, 0, code, e.String())
+	require.Equal(t, Kubernetes{Service: "ds", PortName: "dtls"}, got)
 }

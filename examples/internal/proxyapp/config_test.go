@@ -1,4 +1,4 @@
-package main
+package proxyapp
 
 import (
 	"errors"
@@ -74,6 +74,11 @@ func TestParseConfigGood(t *testing.T) {
 		{"log levels", `{"log_level": "error", "services": [{` + svc + `}]}`, func(t *testing.T, c *config) {
 			require.Equal(t, slog.LevelError, c.LogLevel)
 		}},
+		{"kubernetes backends", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:5684",
+			"kubernetes": {"namespace": "iot", "service": "ds", "port_name": "dtls"}}`), func(t *testing.T, c *config) {
+			require.Equal(t, &Kubernetes{Namespace: "iot", Service: "ds", PortName: "dtls"}, c.Services[0].Kubernetes)
+			require.Contains(t, c.summary(), "EndpointSlices of iot/ds")
+		}},
 		{"transparent mode", withServices(`{` + svc + `, "proxy_protocol": false, "max_sessions": 1000, "session_idle": "30s"}`), func(t *testing.T, c *config) {
 			s := c.Services[0]
 			require.True(t, s.Transparent)
@@ -129,6 +134,9 @@ func TestParseConfigBad(t *testing.T) {
 		{"dtls cid too short", withServices(`{` + svc + `, "cid_length": 4}`), "cid_length 4"},
 		{"quic cid too long", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_length": 21, "backends_file": "f"}`), "cid_length 21"},
 		{"negative cid", withServices(`{` + svc + `, "cid_length": -8}`), "cid_length -8"},
+		{"kubernetes and backends", withServices(`{` + svc + `, "kubernetes": {"service": "ds"}}`), "exactly one"},
+		{"kubernetes without service", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"namespace": "x"}}`), "service is required"},
+		{"kubernetes typo", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"service": "x", "portname": "d"}}`), "portname"},
 		{"session settings without transparent mode", withServices(`{` + svc + `, "max_sessions": 10}`), "only with proxy_protocol false"},
 		{"bad session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "soon"}`), "session_idle"},
 		{"negative max sessions", withServices(`{` + svc + `, "proxy_protocol": false, "max_sessions": -1}`), "max_sessions"},
@@ -198,7 +206,7 @@ func TestLoadConfigBackendsFile(t *testing.T) {
 }
 
 func TestExampleConfig(t *testing.T) {
-	c, err := loadConfig("example.json")
+	c, err := loadConfig("../../cidproxy/example.json")
 	require.NoError(t, err)
 	require.NoError(t, c.checkBackendFiles())
 	require.Len(t, c.Services, 2)

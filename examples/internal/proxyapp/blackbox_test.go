@@ -1,4 +1,4 @@
-package main
+package proxyapp
 
 import (
 	"bufio"
@@ -31,7 +31,7 @@ import (
 func TestBinary(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "cidproxy")
-	build := exec.Command("go", "build", "-o", bin, ".")
+	build := exec.Command("go", "build", "-o", bin, "../../cidproxy")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

@@ -1,4 +1,4 @@
-package main
+package proxyapp
 
 import (
 	"bytes"
@@ -43,6 +43,7 @@ type fileService struct {
 	MaxRegistryAge string          `json:"max_registry_age"`
 	Backends       json.RawMessage `json:"backends"` // registry.DecodeBackends format
 	BackendsFile   string          `json:"backends_file"`
+	Kubernetes     *Kubernetes     `json:"kubernetes"`
 	Limits         fileLimits      `json:"limits"`
 }
 
@@ -81,7 +82,10 @@ type serviceConfig struct {
 	// (an absolute path, or relative to the working directory).
 	Backends     []registry.Backend
 	BackendsFile string
-	Limits       cidroute.Limits
+	// Kubernetes, when set instead, names the Service whose EndpointSlices
+	// are the backends (builds with Options.Kubernetes only).
+	Kubernetes *Kubernetes
+	Limits     cidroute.Limits
 }
 
 const maxWorkers = 256 // cidroute.Pipeline's limit
@@ -167,7 +171,7 @@ func parseService(raw json.RawMessage) (serviceConfig, error) {
 		json.Unmarshal(raw, &named) // only to name the service in the error
 		return serviceConfig{Name: named.Name}, err
 	}
-	s := serviceConfig{Name: fs.Name, BackendsFile: fs.BackendsFile}
+	s := serviceConfig{Name: fs.Name, BackendsFile: fs.BackendsFile, Kubernetes: fs.Kubernetes}
 	fail := func(format string, args ...any) (serviceConfig, error) {
 		return s, fmt.Errorf(format, args...)
 	}
@@ -224,11 +228,21 @@ func parseService(raw json.RawMessage) (serviceConfig, error) {
 		}
 	}
 	hasList := len(fs.Backends) > 0 && string(fs.Backends) != "null"
+	sources := 0
+	for _, given := range []bool{hasList, fs.BackendsFile != "", fs.Kubernetes != nil} {
+		if given {
+			sources++
+		}
+	}
 	switch {
-	case hasList && fs.BackendsFile != "":
-		return fail("backends and backends_file: give exactly one")
-	case !hasList && fs.BackendsFile == "":
-		return fail("no backends: give backends or backends_file")
+	case sources > 1:
+		return fail("backends, backends_file and kubernetes: give exactly one")
+	case sources == 0:
+		return fail("no backends: give backends, backends_file or kubernetes")
+	case fs.Kubernetes != nil:
+		if err := fs.Kubernetes.validate(); err != nil {
+			return fail("kubernetes: %v", err)
+		}
 	case hasList:
 		if s.Backends, err = registry.DecodeBackends(bytes.NewReader(fs.Backends)); err != nil {
 			return s, fmt.Errorf("backends: %w", err)
@@ -325,7 +339,9 @@ func (c *config) summary() string {
 			b.WriteByte(';')
 		}
 		fmt.Fprintf(&b, " %s %s on %v (cid %d", s.Name, s.Protocol, s.Listen, s.CIDLen)
-		if s.BackendsFile != "" {
+		if s.Kubernetes != nil {
+			fmt.Fprintf(&b, ", backends from EndpointSlices of %s/%s", s.Kubernetes.namespace(), s.Kubernetes.Service)
+		} else if s.BackendsFile != "" {
 			fmt.Fprintf(&b, ", backends from %s", s.BackendsFile)
 		} else {
 			fmt.Fprintf(&b, ", %d backends", len(s.Backends))
@@ -369,4 +385,27 @@ func (c *config) checkBackendFiles() error {
 		}
 	}
 	return nil
+}
+
+// Kubernetes is a service's "kubernetes" key: the backends are the
+// endpoints of a Service, read from its EndpointSlices.
+type Kubernetes struct {
+	Namespace  string `json:"namespace"`  // "" = "default"
+	Service    string `json:"service"`    // required
+	PortName   string `json:"port_name"`  // "" when the Service has one port
+	Kubeconfig string `json:"kubeconfig"` // "" = in-cluster configuration
+}
+
+func (k *Kubernetes) validate() error {
+	if k.Service == "" {
+		return fmt.Errorf("service is required")
+	}
+	return nil
+}
+
+func (k *Kubernetes) namespace() string {
+	if k.Namespace == "" {
+		return "default"
+	}
+	return k.Namespace
 }

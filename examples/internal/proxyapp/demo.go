@@ -1,4 +1,4 @@
-package main
+package proxyapp
 
 import (
 	"context"
@@ -106,7 +106,7 @@ func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Durati
 	}()
 	var addrs []netip.AddrPort
 	for i := range demoReplicas {
-		r, err := newProxy(cfg, log)
+		r, err := newProxy(cfg, log, Options{})
 		if err != nil {
 			return fmt.Errorf("replica: %w", err)
 		}
