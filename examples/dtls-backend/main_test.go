@@ -4,11 +4,9 @@ package main
 // Sessions through cidproxy replicas are tested in examples/e2e.
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,25 +14,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
-// syncBuffer is a log sink the server goroutines and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink shared by goroutines and the test.
+type syncBuffer = testtool.SyncBuffer
 
 // start runs the command with args until the test ends.
 func start(t *testing.T, args ...string) (*dtlsecho.Server, *syncBuffer) {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +21,8 @@ import (
 	"github.com/cidroute/cidroute/examples/internal/rebind"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
 // The replicas' common public address, the VIP of a load balancer in
@@ -38,23 +39,8 @@ var testPSK = []byte("cidroute-e2e-psk")
 
 const hrwSeed = 42
 
-// syncBuffer is a log sink shared by server goroutines and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink shared by goroutines and the test.
+type syncBuffer = testtool.SyncBuffer
 
 // A replica is one in-process proxy: a Pipeline with its own registry.
 // All replicas of a test share the seed, the backends and the public

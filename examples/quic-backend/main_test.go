@@ -4,13 +4,11 @@ package main
 // through cidproxy replicas are tested in examples/e2e.
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +16,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute/examples/internal/quicecho"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink shared by goroutines and the test.
+type syncBuffer = testtool.SyncBuffer
 
 func TestEchoDirect(t *testing.T) {
 	t.Setenv("HOSTNAME", "qs-3")

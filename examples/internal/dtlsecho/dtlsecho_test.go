@@ -12,24 +12,12 @@ import (
 
 	pion "github.com/pion/dtls/v3"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink shared by goroutines and the test.
+type syncBuffer = testtool.SyncBuffer
 
 // A direct client (no proxy): echo, the Observe hook, the session record,
 // and the end of an idle session.

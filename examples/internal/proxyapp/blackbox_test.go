@@ -2,7 +2,6 @@ package proxyapp
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +21,8 @@ import (
 	"github.com/cidroute/cidroute/examples/internal/dtlsrec"
 	"github.com/cidroute/cidroute/examples/internal/ppecho"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
 // TestBinary builds cidproxy, runs it from a config file in front of three
@@ -200,24 +200,7 @@ func TestBinary(t *testing.T) {
 }
 
 // freePort returns a port that was free a moment ago on 127.0.0.1.
-func freePort(t *testing.T, network string) uint16 {
-	t.Helper()
-	var a net.Addr
-	if network == "udp" {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		require.NoError(t, err)
-		a = c.LocalAddr()
-		c.Close()
-	} else {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		a = l.Addr()
-		l.Close()
-	}
-	ap, err := netip.ParseAddrPort(a.String())
-	require.NoError(t, err)
-	return ap.Port()
-}
+var freePort = testtool.FreePort
 
 func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
 	t.Helper()
@@ -253,20 +236,5 @@ func parseMetrics(t *testing.T, r io.Reader) map[string]float64 {
 	return m
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink shared by goroutines and the test.
+type syncBuffer = testtool.SyncBuffer
