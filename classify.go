@@ -85,11 +85,20 @@ func (c QUICClassifier) Classify(b []byte) (Class, error) {
 	if err != nil {
 		return Class{}, err
 	}
-	k := KindNew
 	if q.Kind == quic.KindEstablished {
-		k = KindEstablished
+		return Class{Kind: KindEstablished, ID: q.DCID}, nil
 	}
-	return Class{Kind: k, ID: q.DCID, Handshake: q.Initial, ZeroRTT: q.ZeroRTT}, nil
+	handshake := q.Initial
+	if q.Type == quic.UnknownVersion {
+		// A version the proxy does not know starts a handshake the backend
+		// answers with Version Negotiation, which servers send only for
+		// datagrams that could carry an Initial (RFC 9000 §6.1, §14.1).
+		if len(b) < quic.MinInitialDatagram {
+			return Class{}, quic.ErrInitialSize
+		}
+		handshake = true
+	}
+	return Class{Kind: KindNew, ID: q.DCID, Handshake: handshake, ZeroRTT: q.ZeroRTT}, nil
 }
 
 var (

@@ -263,3 +263,20 @@ func BenchmarkRoute(b *testing.B) {
 }
 
 var _ = quic.Version1
+
+// TestQUICUnknownVersion: a long header of a version the proxy does not
+// know starts a handshake (the backend answers with Version Negotiation):
+// it counts against the handshake limit, and under 1200 bytes, which no
+// server answers, it is malformed.
+func TestQUICUnknownVersion(t *testing.T) {
+	pkt := func(size int) []byte {
+		b := []byte{0xc0, 0x1a, 0x2a, 0x3a, 0x4a, 8, 1, 2, 3, 4, 5, 6, 7, 8, 0}
+		return append(b, make([]byte, size-len(b))...)
+	}
+	cls := QUICClassifier{CIDLen: DefaultQUICCIDLen}
+	c, err := cls.Classify(pkt(1200))
+	require.NoError(t, err)
+	assert.Equal(t, Class{Kind: KindNew, ID: []byte{1, 2, 3, 4, 5, 6, 7, 8}, Handshake: true}, c)
+	_, err = cls.Classify(pkt(100))
+	assert.ErrorIs(t, err, quic.ErrInitialSize)
+}

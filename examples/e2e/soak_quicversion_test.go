@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/binary"
-	"flag"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -16,19 +15,12 @@ import (
 	"github.com/cidroute/cidroute/registry"
 )
 
-var soakBugs = flag.Bool("soakbugs", false, "run the soak suite's tests of open findings (they fail until fixed)")
-
 // TestSoakUnknownVersionIsHandshake: a QUIC long header with a version the
 // proxy does not know starts a handshake (the backend answers it with
 // Version Negotiation), so HandshakePPS should bound it like an Initial.
-// Today QUICClassifier gives it Kind new without the Handshake flag, and a
-// flood of them is forwarded by HRW past the handshake limit, whatever its
-// size (RFC 9000 §14.1 lets servers ignore those under 1200 bytes, but the
-// proxy forwards them all). Open finding; run with -soakbugs.
+// Datagrams under 1200 bytes, which no server answers (RFC 9000 §14.1),
+// are dropped as malformed.
 func TestSoakUnknownVersionIsHandshake(t *testing.T) {
-	if !*soakBugs {
-		t.Skip("open finding (unknown QUIC versions bypass HandshakePPS); run with -soakbugs")
-	}
 	// A plain UDP sink stands in for the backend: only the proxy's
 	// verdicts matter here.
 	sink, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -55,7 +47,10 @@ func TestSoakUnknownVersionIsHandshake(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	const n = 200
 	start := time.Now()
-	for range n {
+	for i := range n {
+		if i%20 == 19 {
+			time.Sleep(2 * time.Millisecond) // stay within the socket buffer
+		}
 		b := []byte{0xc0}
 		b = binary.BigEndian.AppendUint32(b, 0x1a2a3a4a) // a reserved (greasing) version
 		b = append(b, 8)
@@ -74,6 +69,18 @@ func TestSoakUnknownVersionIsHandshake(t *testing.T) {
 	budget := float64(hsPPS) * (elapsed + 1)
 	assert.LessOrEqual(t, float64(st.Forward.Forwarded), budget,
 		"unknown-version long headers forwarded past HandshakePPS: %d of %d (drops %v)", st.Forward.Forwarded, n, soakDrops(st.Forward))
+
+	// Small ones are malformed, whatever the limit says.
+	small := []byte{0xc0, 0x1a, 0x2a, 0x3a, 0x4a, 8, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0}
+	for range 20 {
+		_, err := u.WriteToUDPAddrPort(small, to)
+		require.NoError(t, err)
+	}
+	soakEventually(t, 5*time.Second, func() bool {
+		st = p.Stats()[0]
+		return st.Forward.Received == n+20 && st.Forward.Balanced()
+	}, "not all received")
+	assert.Equal(t, uint64(20), st.Forward.Dropped[cidroute.Malformed])
 }
 
 func soakBackendAt(ord uint8, c *net.UDPConn) []registry.Backend {
