@@ -2,6 +2,7 @@ package cidroute
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -31,6 +32,33 @@ func fuzzBackends(b []byte) []registry.Backend {
 	return bs
 }
 
+// fuzzRegistries caches one registry per backend list: building the HRW
+// table is most of an exec's cost otherwise.
+var fuzzRegistries = map[string]*registry.Registry{}
+
+func fuzzRegistry(t *testing.T, regBytes []byte) *registry.Registry {
+	bs := fuzzBackends(regBytes)
+	key := fmt.Sprint(bs)
+	if r, ok := fuzzRegistries[key]; ok {
+		return r
+	}
+	r, err := registry.New(registry.Config{Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Update(bs); err != nil {
+		t.Fatalf("valid list refused: %v", err)
+	}
+	if len(fuzzRegistries) > 4096 {
+		for k, old := range fuzzRegistries {
+			old.Close()
+			delete(fuzzRegistries, k)
+		}
+	}
+	fuzzRegistries[key] = r
+	return r
+}
+
 // FuzzRoute runs the whole routing step on an arbitrary datagram against an
 // arbitrary registry snapshot and checks the invariants SPEC.md promises:
 // never forward to a backend outside the snapshot or one that is gone; a
@@ -47,14 +75,7 @@ func FuzzRoute(f *testing.F) {
 	f.Add(quicLong(0, []byte{0, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, nil, 1200), []byte{2, 1, 1}, uint16(3), true)
 	f.Add(quicLong(2, []byte{0, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, []byte{1}, 0), []byte{2, 2, 1}, uint16(3), true)
 	f.Fuzz(func(t *testing.T, b, regBytes []byte, port uint16, isQUIC bool) {
-		reg, err := registry.New(registry.Config{Seed: 5})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer reg.Close()
-		if err := reg.Update(fuzzBackends(regBytes)); err != nil {
-			t.Fatalf("valid list refused: %v", err)
-		}
+		reg := fuzzRegistry(t, regBytes)
 		proto := DTLS
 		if isQUIC {
 			proto = QUIC
@@ -112,14 +133,7 @@ func FuzzReply(f *testing.F) {
 	f.Add(bad, []byte{1, 1, 1}, uint8(1))
 	f.Add([]byte("no header"), []byte{1, 0, 1}, uint8(1))
 	f.Fuzz(func(t *testing.T, b, regBytes []byte, sender uint8) {
-		reg, err := registry.New(registry.Config{Seed: 5})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer reg.Close()
-		if err := reg.Update(fuzzBackends(regBytes)); err != nil {
-			t.Fatal(err)
-		}
+		reg := fuzzRegistry(t, regBytes)
 		r, err := NewRouter(RouterConfig{Protocol: DTLS, Service: svcAddr, Backends: reg})
 		if err != nil {
 			t.Fatal(err)
