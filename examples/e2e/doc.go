@@ -14,6 +14,13 @@
 //   - quic_*: quic-go connections, including migration to a new address.
 //   - openssl_*: OpenSSL's DTLS 1.2 client (skipped without openssl unless
 //     CIDROUTE_REQUIRE_TOOLS=1).
+//   - transparent_*: transparent mode (no PPv2) with OpenSSL s_client and
+//     s_server, libcoap's coap-client and coap-server, and stock pion
+//     servers; the memory-per-session benchmark.
+//   - soak_*: the soak and fault suite: backend and replica restarts,
+//     scale-out and drain, registry failure, rebinding storms, floods and
+//     spoofed replies, rate limits; `go test -run TestSoak -soak=2m -v`
+//     for the long run and the README's reliability table.
 //
 // Every test stops its replicas at the end and checks each one's counter
 // identity: received = forwarded + Σ dropped, in both directions.
