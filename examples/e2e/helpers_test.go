@@ -57,16 +57,21 @@ type replica struct {
 // dropped, per direction).
 func startReplicas(t *testing.T, n int, proto cidroute.Protocol, bs []registry.Backend) []*replica {
 	t.Helper()
+	return startServiceReplicas(t, n, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: proto, Service: public}})
+}
+
+// startServiceReplicas starts n replicas of svc (name, listen address,
+// workers and registry filled in), each with its own registry holding bs.
+func startServiceReplicas(t *testing.T, n int, bs []registry.Backend, svc cidroute.Service) []*replica {
+	t.Helper()
 	var rs []*replica
 	for i := range n {
 		reg, err := registry.New(registry.Config{Service: "svc", Seed: hrwSeed, Logger: quiet()})
 		require.NoError(t, err)
 		require.NoError(t, reg.Update(bs))
-		p, err := cidroute.New(cidroute.Config{
-			Services: []cidroute.Service{{Name: "svc", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
-				RouterConfig: cidroute.RouterConfig{Protocol: proto, Service: public, Backends: reg}}},
-			Logger: quiet(),
-		})
+		s := svc
+		s.Name, s.Listen, s.Workers, s.Backends = "svc", netip.MustParseAddrPort("127.0.0.1:0"), 1, reg
+		p, err := cidroute.New(cidroute.Config{Services: []cidroute.Service{s}, Logger: quiet()})
 		require.NoError(t, err)
 		r := &replica{name: string(rune('A' + i)), pipe: p, reg: reg}
 		r.addr, _ = p.Addr("svc")

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -28,31 +27,8 @@ const transparentWait = 15 * time.Second
 // balance when the test ends.
 func startTransparent(t *testing.T, n int, svc netip.AddrPort, bs []registry.Backend) []*replica {
 	t.Helper()
-	var rs []*replica
-	for i := range n {
-		reg, err := registry.New(registry.Config{Service: "svc", Seed: hrwSeed, Logger: quiet()})
-		require.NoError(t, err)
-		require.NoError(t, reg.Update(bs))
-		p, err := cidroute.New(cidroute.Config{
-			Services: []cidroute.Service{{Name: "svc", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
-				RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Service: svc, Backends: reg},
-				Transparent:  true}},
-			Logger: quiet(),
-		})
-		require.NoError(t, err)
-		r := &replica{name: string(rune('A' + i)), pipe: p, reg: reg}
-		r.addr, _ = p.Addr("svc")
-		errc := make(chan error, 1)
-		go func() { errc <- p.Run(context.Background()) }()
-		t.Cleanup(func() {
-			require.NoError(t, p.Close())
-			require.NoError(t, <-errc)
-			reg.Close()
-			checkCounters(t, r)
-		})
-		rs = append(rs, r)
-	}
-	return rs
+	return startServiceReplicas(t, n, bs, cidroute.Service{Transparent: true,
+		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Service: svc}})
 }
 
 // sessions returns the replica's transparent session count.
