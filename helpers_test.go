@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/quic"
 	"github.com/cidroute/cidroute/registry"
 )
@@ -82,7 +81,3 @@ func newRegistry(t testing.TB, seed uint64, bs ...registry.Backend) *registry.Re
 func backend(ord uint8, addr string, st registry.State) registry.Backend {
 	return registry.Backend{Ordinal: ord, Addr: netip.MustParseAddrPort(addr), Weight: 1, State: st}
 }
-
-var (
-	_ = dtls.OrdinalFirst{}
-)

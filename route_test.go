@@ -262,7 +262,6 @@ func BenchmarkRoute(b *testing.B) {
 	}
 }
 
-var _ = quic.Version1
 
 // TestQUICUnknownVersion: a long header of a version the proxy does not
 // know starts a handshake (the backend answers with Version Negotiation):
