@@ -262,7 +262,6 @@ func BenchmarkRoute(b *testing.B) {
 	}
 }
 
-
 // TestQUICUnknownVersion: a long header of a version the proxy does not
 // know starts a handshake (the backend answers with Version Negotiation):
 // it counts against the handshake limit, and under 1200 bytes, which no
