@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/internal/testproxy"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
 )
@@ -136,24 +137,8 @@ func (s *server) seenAddrs() []backend.Addr {
 // startProxy starts one cidroute replica in front of backends.
 func startProxy(t *testing.T, bs []registry.Backend) netip.AddrPort {
 	t.Helper()
-	reg, err := registry.New(registry.Config{Service: "svc", Seed: 42})
-	require.NoError(t, err)
-	t.Cleanup(reg.Close)
-	require.NoError(t, reg.Update(bs))
-	p, err := cidroute.New(cidroute.Config{
-		Services: []cidroute.Service{{Name: "svc", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
-			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Service: publicAddr, Backends: reg}}},
-		Logger: quietLog(),
-	})
-	require.NoError(t, err)
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(context.Background()) }()
-	t.Cleanup(func() {
-		require.NoError(t, p.Close())
-		require.NoError(t, <-errc)
-	})
-	a, _ := p.Addr("svc")
-	return a
+	_, addr := testproxy.Start(t, 42, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Service: publicAddr}})
+	return addr
 }
 
 // switchConn is a client socket that can be replaced mid-session (a NAT

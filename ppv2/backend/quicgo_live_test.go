@@ -15,7 +15,6 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"log"
-	"log/slog"
 	"math/big"
 	"net"
 	"net/netip"
@@ -30,6 +29,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/internal/testproxy"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/quic/quicgo"
 	"github.com/cidroute/cidroute/registry"
@@ -118,24 +118,8 @@ func startQUICServer(t *testing.T, ord uint8, tc *tls.Config) *quicServer {
 
 func startQUICProxy(t *testing.T, bs []registry.Backend) netip.AddrPort {
 	t.Helper()
-	reg, err := registry.New(registry.Config{Service: "q", Seed: 7})
-	require.NoError(t, err)
-	t.Cleanup(reg.Close)
-	require.NoError(t, reg.Update(bs))
-	p, err := cidroute.New(cidroute.Config{
-		Services: []cidroute.Service{{Name: "q", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
-			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, Service: quicPublic, Backends: reg}}},
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	require.NoError(t, err)
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(context.Background()) }()
-	t.Cleanup(func() {
-		require.NoError(t, p.Close())
-		require.NoError(t, <-errc)
-	})
-	a, _ := p.Addr("q")
-	return a
+	_, addr := testproxy.Start(t, 7, bs, cidroute.Service{Name: "q", RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, Service: quicPublic}})
+	return addr
 }
 
 // redirectConn sends everything to another replica and reports replies as
