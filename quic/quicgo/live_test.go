@@ -137,10 +137,11 @@ func echo(ctx context.Context, ln *quic.EarlyListener) {
 }
 
 // session dials the server from its own socket, runs rounds of 1 KiB echo
-// messages on one stream (the first written before the handshake, so that a
-// resumed session carries it as 0-RTT) and closes. It returns the client's
+// messages on one stream and closes. With early, the stream opens and the
+// first message is written before the handshake, so that a resumed session
+// carries it as 0-RTT. It returns the client's
 // address and whether 0-RTT was used.
-func session(t *testing.T, ctx context.Context, srv net.Addr, tlsConf *tls.Config, rounds int) (string, bool) {
+func session(t *testing.T, ctx context.Context, srv net.Addr, tlsConf *tls.Config, rounds int, early bool) (string, bool) {
 	t.Helper()
 	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	must(t, err)
@@ -148,6 +149,13 @@ func session(t *testing.T, ctx context.Context, srv net.Addr, tlsConf *tls.Confi
 	defer tr.Close()
 	conn, err := tr.DialEarly(ctx, srv, tlsConf, &quic.Config{})
 	must(t, err)
+	if !early {
+		select {
+		case <-conn.HandshakeComplete():
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
 	s, err := conn.OpenStream()
 	must(t, err)
 	msg := bytes.Repeat([]byte("cidroute"), 128)
@@ -173,6 +181,9 @@ func TestLiveQuicGo(t *testing.T) {
 	// The recording wrapper is not a *net.UDPConn; quic-go would warn that
 	// it cannot size the socket buffers.
 	t.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
+	if *update && raceDetector {
+		t.Fatal("-update needs the 0-RTT session: run it without -race")
+	}
 	gen, err := NewGenerator(cidquic.LB{}, testOrdinal)
 	must(t, err)
 	codec := cidquic.LB{}
@@ -193,10 +204,14 @@ func TestLiveQuicGo(t *testing.T) {
 	// Session 1: full handshake, enough rounds for the client to move to a
 	// CID from the server's NEW_CONNECTION_ID frames; it also brings the
 	// session ticket for session 2.
-	first, _ := session(t, ctx, ln.Addr(), clientTLS, 40)
-	// Session 2: resumed, the first message goes out as 0-RTT.
-	second, used0RTT := session(t, ctx, ln.Addr(), clientTLS, 4)
-	if !used0RTT {
+	first, _ := session(t, ctx, ln.Addr(), clientTLS, 40, false)
+	// Session 2: resumed, the first message goes out as 0-RTT. quic-go
+	// v0.65.0 reads the peer's transport parameters without synchronising
+	// when a stream opens during the handshake
+	// (github.com/quic-go/quic-go/issues/4303); the race detector would
+	// flag it, so under -race the session resumes without 0-RTT.
+	second, used0RTT := session(t, ctx, ln.Addr(), clientTLS, 4, !raceDetector)
+	if !used0RTT && !raceDetector {
 		t.Fatal("second session did not use 0-RTT")
 	}
 

@@ -1,0 +1,5 @@
+//go:build !race
+
+package quicgo
+
+const raceDetector = false
