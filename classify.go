@@ -65,14 +65,9 @@ type DTLSClassifier struct{ CIDLen int }
 
 // Classify implements Classifier with dtls.Classify.
 func (c DTLSClassifier) Classify(b []byte) (Class, error) {
-	d, err := dtls.Classify(b, c.CIDLen)
-	if err != nil {
-		return Class{}, err
-	}
-	if d.Kind == dtls.KindEstablished {
-		return Class{Kind: KindEstablished, ID: d.CID}, nil
-	}
-	return Class{Kind: KindNew, Handshake: d.ClientHello}, nil
+	var cl Class
+	err := classifyDTLS(b, c.CIDLen, &cl)
+	return cl, err
 }
 
 // QUICClassifier classifies QUIC datagrams whose server CIDs are CIDLen
@@ -81,12 +76,35 @@ type QUICClassifier struct{ CIDLen int }
 
 // Classify implements Classifier with quic.Classify.
 func (c QUICClassifier) Classify(b []byte) (Class, error) {
-	q, err := quic.Classify(b, c.CIDLen)
+	var cl Class
+	err := classifyQUIC(b, c.CIDLen, &cl)
+	return cl, err
+}
+
+// classifyDTLS and classifyQUIC fill *c in place: the Router calls them
+// directly, since a Class returned by value through an interface costs as
+// much as the parse.
+func classifyDTLS(b []byte, cidLen int, c *Class) error {
+	d, err := dtls.Classify(b, cidLen)
 	if err != nil {
-		return Class{}, err
+		return err
+	}
+	if d.Kind == dtls.KindEstablished {
+		*c = Class{Kind: KindEstablished, ID: d.CID}
+	} else {
+		*c = Class{Kind: KindNew, Handshake: d.ClientHello}
+	}
+	return nil
+}
+
+func classifyQUIC(b []byte, cidLen int, c *Class) error {
+	q, err := quic.Classify(b, cidLen)
+	if err != nil {
+		return err
 	}
 	if q.Kind == quic.KindEstablished {
-		return Class{Kind: KindEstablished, ID: q.DCID}, nil
+		*c = Class{Kind: KindEstablished, ID: q.DCID}
+		return nil
 	}
 	handshake := q.Initial
 	if q.Type == quic.UnknownVersion {
@@ -94,11 +112,12 @@ func (c QUICClassifier) Classify(b []byte) (Class, error) {
 		// answers with Version Negotiation, which servers send only for
 		// datagrams that could carry an Initial (RFC 9000 §6.1, §14.1).
 		if len(b) < quic.MinInitialDatagram {
-			return Class{}, quic.ErrInitialSize
+			return quic.ErrInitialSize
 		}
 		handshake = true
 	}
-	return Class{Kind: KindNew, ID: q.DCID, Handshake: handshake, ZeroRTT: q.ZeroRTT}, nil
+	*c = Class{Kind: KindNew, ID: q.DCID, Handshake: handshake, ZeroRTT: q.ZeroRTT}
+	return nil
 }
 
 var (

@@ -84,8 +84,23 @@ func FuzzRoute(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The same stages hidden behind wrappers take the interface path
+		// rather than the built-in one: the decision must not differ.
+		slow, err := NewRouter(RouterConfig{
+			Service: svcAddr, Backends: reg,
+			Classifier: ClassifierFunc(r.cls.Classify),
+			Codec:      opaqueCodec{r.codec},
+			Encoder:    opaqueEncoder{r.enc},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
 		client := netip.AddrPortFrom(client1.Addr(), port)
 		d, hdr := r.Route(nil, b, client)
+		if sd, shdr := slow.Route(nil, b, client); sd.Reason != d.Reason || sd.Backend != d.Backend ||
+			sd.Ordinal != d.Ordinal || !equalClass(sd.Class, d.Class) || !bytes.Equal(shdr, hdr) {
+			t.Fatalf("built-in stages: %+v %x; through interfaces: %+v %x", d, hdr, sd, shdr)
+		}
 		c, cerr := r.cls.Classify(b)
 		if (cerr != nil) != (d.Reason == Malformed) {
 			t.Fatalf("classifier error %v but reason %v", cerr, d.Reason)
@@ -119,6 +134,14 @@ func FuzzRoute(f *testing.F) {
 			t.Fatalf("header %x: %+v %d %v", hdr, h, off, err)
 		}
 	})
+}
+
+type opaqueCodec struct{ CIDCodec }
+
+type opaqueEncoder struct{ Encoder }
+
+func equalClass(a, b Class) bool {
+	return a.Kind == b.Kind && bytes.Equal(a.ID, b.ID) && a.Handshake == b.Handshake && a.ZeroRTT == b.ZeroRTT
 }
 
 // FuzzReply checks the reverse path's rule on arbitrary replies from an

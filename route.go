@@ -111,6 +111,15 @@ type Router struct {
 	codec    CIDCodec
 	backends Backends
 	enc      Encoder
+	cidLen   int // codec.Len()
+
+	// The built-in stages are called directly rather than through their
+	// interfaces, which costs as much again as the work (see classify).
+	clsProto   Protocol // DTLS or QUIC: cls is that protocol's classifier
+	clsLen     int      // its CIDLen
+	codecProto Protocol // DTLS: codec is dtls.OrdinalFirst; QUIC: quic.LB
+	lb         quic.LB  // the codec when codecProto is QUIC
+	ppv2       bool     // enc is PPv2Encoder{} (no CRC)
 }
 
 // RouterConfig is what a Router needs. Zero fields take defaults.
@@ -177,6 +186,20 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if r.enc == nil {
 		r.enc = PPv2Encoder{}
 	}
+	r.cidLen = r.codec.Len()
+	switch c := r.cls.(type) {
+	case DTLSClassifier:
+		r.clsProto, r.clsLen = DTLS, c.CIDLen
+	case QUICClassifier:
+		r.clsProto, r.clsLen = QUIC, c.CIDLen
+	}
+	switch c := r.codec.(type) {
+	case dtls.OrdinalFirst:
+		r.codecProto = DTLS
+	case quic.LB:
+		r.codecProto, r.lb = QUIC, c
+	}
+	r.ppv2 = r.enc == Encoder(PPv2Encoder{})
 	return r, nil
 }
 
@@ -188,26 +211,71 @@ func (r *Router) Codec() CIDCodec { return r.codec }
 // The PPv2 destination is the configured service address. It does not
 // allocate when hdr has room (52 bytes for PPv2 without TLVs).
 func (r *Router) Route(hdr, b []byte, client netip.AddrPort) (Decision, []byte) {
-	return r.RouteTo(hdr, b, client, r.service)
+	var d Decision
+	hdr = r.route(&d, hdr, b, client, r.service)
+	return d, hdr
 }
 
 // RouteTo is Route with the datagram's measured destination, for a service
 // listening on a wildcard address: it becomes the PPv2 destination.
 func (r *Router) RouteTo(hdr, b []byte, client, local netip.AddrPort) (Decision, []byte) {
-	c, err := r.cls.Classify(b)
-	if err != nil {
-		return Decision{Reason: Malformed, Err: err}, hdr
+	var d Decision
+	hdr = r.route(&d, hdr, b, client, local)
+	return d, hdr
+}
+
+// route fills *d in place; a Decision is too large to pass back cheaply
+// through two calls.
+func (r *Router) route(d *Decision, hdr, b []byte, client, local netip.AddrPort) []byte {
+	if err := r.classify(b, &d.Class); err != nil {
+		d.Reason, d.Err = Malformed, err
+		return hdr
 	}
-	stale := c.Kind == KindNew && r.backends.Stale()
-	be, reason := r.decide(r.backends.Snapshot(), stale, &c, client)
+	stale := d.Class.Kind == KindNew && r.backends.Stale()
+	be, reason := r.decide(r.backends.Snapshot(), stale, &d.Class, client)
 	if reason != Forwarded {
-		return Decision{Reason: reason, Class: c}, hdr
+		d.Reason = reason
+		return hdr
 	}
-	out, err := r.enc.AppendHeader(hdr, client, local)
+	out, err := r.appendHeader(hdr, client, local)
 	if err != nil {
-		return Decision{Reason: Malformed, Class: c, Err: err}, hdr
+		d.Reason, d.Err = Malformed, err
+		return hdr
 	}
-	return Decision{Backend: be.Addr, Ordinal: be.Ordinal, Class: c}, out
+	d.Backend, d.Ordinal = be.Addr, be.Ordinal
+	return out
+}
+
+// classify is r.cls.Classify(b) into *c.
+func (r *Router) classify(b []byte, c *Class) error {
+	switch r.clsProto {
+	case DTLS:
+		return classifyDTLS(b, r.clsLen, c)
+	case QUIC:
+		return classifyQUIC(b, r.clsLen, c)
+	}
+	var err error
+	*c, err = r.cls.Classify(b)
+	return err
+}
+
+// ordinal is r.codec.Ordinal(cid) for a CID of the codec's length.
+func (r *Router) ordinal(cid []byte) (uint8, bool) {
+	switch r.codecProto {
+	case DTLS:
+		return cid[0], true // dtls.OrdinalFirst
+	case QUIC:
+		return r.lb.Ordinal(cid)
+	}
+	return r.codec.Ordinal(cid)
+}
+
+// appendHeader is r.enc.AppendHeader.
+func (r *Router) appendHeader(dst []byte, client, service netip.AddrPort) ([]byte, error) {
+	if r.ppv2 {
+		return ppv2.AppendHeader(dst, ppv2.Header{Command: ppv2.Proxy, Src: client, Dst: service})
+	}
+	return r.enc.AppendHeader(dst, client, service)
 }
 
 // decide is SPEC.md's routing table. It reads like the table: established
@@ -216,20 +284,20 @@ func (r *Router) RouteTo(hdr, b []byte, client, local netip.AddrPort) (Decision,
 func (r *Router) decide(snap *registry.Snapshot, stale bool, c *Class, client netip.AddrPort) (*registry.Backend, Reason) {
 	switch c.Kind {
 	case KindEstablished:
-		if len(c.ID) != r.codec.Len() {
+		if len(c.ID) != r.cidLen {
 			return nil, UnknownOrdinal // a server CID always has the service's length
 		}
-		ord, routable := r.codec.Ordinal(c.ID)
+		ord, routable := r.ordinal(c.ID)
 		if !routable {
 			// QUIC-LB "unroutable": the draft's fallback hashes the client.
 			return r.pick(snap, false, nil, client)
 		}
 		return serving(snap, ord)
 	case KindNew:
-		if len(c.ID) == r.codec.Len() {
+		if len(c.ID) == r.cidLen {
 			// A QUIC Initial or 0-RTT packet that already carries the
 			// server's CID goes on to the backend it names.
-			if ord, ok := r.codec.Ordinal(c.ID); ok {
+			if ord, ok := r.ordinal(c.ID); ok {
 				if b, ok := snap.Serving(ord); ok {
 					return b, Forwarded
 				}

@@ -147,8 +147,8 @@ func (w *worker) forward(m, o *udpio.Message, snap *registry.Snapshot, stale boo
 	}
 	r := w.svc.router
 	b := m.Buf[:m.N]
-	c, err := r.cls.Classify(b)
-	if err != nil {
+	var c Class
+	if r.classify(b, &c) != nil {
 		return Malformed
 	}
 	if w.adm != nil && !w.adm.Admit(c, m.Addr, now) {
@@ -167,7 +167,7 @@ func (w *worker) forward(m, o *udpio.Message, snap *registry.Snapshot, stale boo
 	if w.svc.measured && m.Local.IsValid() {
 		service = netip.AddrPortFrom(m.Local, service.Port())
 	}
-	hdr, err := r.enc.AppendHeader(o.Prefix[:cap(o.Prefix)][:0], m.Addr, service)
+	hdr, err := r.appendHeader(o.Prefix[:cap(o.Prefix)][:0], m.Addr, service)
 	if err != nil {
 		return Malformed
 	}
