@@ -1,10 +1,13 @@
 package cidroute
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/cidroute/cidroute/internal/addr"
 )
 
 // Limits are a service's optional admission limits, in datagrams per
@@ -107,10 +110,11 @@ func (a *Admission) Admit(c Class, client netip.AddrPort, now int64) bool {
 }
 
 func (a *Admission) slot(client netip.AddrPort) *sourceSlot {
-	var k [18]byte
-	ip := client.Addr().As16()
-	copy(k[:], ip[:])
-	k[16], k[17] = byte(client.Port()>>8), byte(client.Port())
+	var k [24]byte
+	hi, lo := addr.Words(client.Addr())
+	binary.LittleEndian.PutUint64(k[0:], hi)
+	binary.LittleEndian.PutUint64(k[8:], lo)
+	binary.LittleEndian.PutUint64(k[16:], uint64(client.Port()))
 	return &a.sources[xxhash.Sum64(k[:])&(sourceSlots-1)]
 }
 

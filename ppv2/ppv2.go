@@ -7,6 +7,8 @@ import (
 	"hash/crc32"
 	"net/netip"
 	"slices"
+
+	"github.com/cidroute/cidroute/internal/addr"
 )
 
 // Signature opens every PROXY protocol v2 header.
@@ -136,8 +138,12 @@ func AppendHeader(dst []byte, h Header) ([]byte, error) {
 		dst = growSlow(dst, HeaderLen6)
 	}
 	dst = dst[:start+HeaderLen6]
-	src, dstA := s.As16(), d.As16()
-	put6(dst[start:], &src, &dstA, h.Src.Port(), h.Dst.Port())
+	b := dst[start : start+HeaderLen6]
+	*(*[prefixLen]byte)(b) = tmpl6
+	putAddr6(b[16:32], s)
+	putAddr6(b[32:48], d)
+	binary.BigEndian.PutUint16(b[48:50], h.Src.Port())
+	binary.BigEndian.PutUint16(b[50:52], h.Dst.Port())
 	return dst, nil
 }
 
@@ -165,6 +171,14 @@ func put4(b []byte, src, dst [4]byte, sport, dport uint16) {
 	*(*[4]byte)(b[20:24]) = dst
 	binary.BigEndian.PutUint16(b[24:26], sport)
 	binary.BigEndian.PutUint16(b[26:28], dport)
+}
+
+// putAddr6 writes a's 16-byte form by words: copying As16's array would
+// stall on store forwarding (see internal/addr).
+func putAddr6(b []byte, a netip.Addr) {
+	hi, lo := addr.Words(a)
+	binary.BigEndian.PutUint64(b[:8], hi)
+	binary.BigEndian.PutUint64(b[8:16], lo)
 }
 
 func put6(b []byte, src, dst *[16]byte, sport, dport uint16) {

@@ -1,9 +1,10 @@
 package registry
 
 import (
-	"encoding/binary"
 	"math/bits"
 	"net/netip"
+
+	"github.com/cidroute/cidroute/internal/addr"
 )
 
 // addrTable finds a backend by address: open addressing with linear probing
@@ -48,9 +49,9 @@ func newAddrTable(bs []Backend, n int) addrTable {
 // IPv4 address and of its IPv4-mapped twin are the same, so both start at
 // the same slot.
 func (t *addrTable) home(ap netip.AddrPort) int {
-	a := ap.Addr().As16()
+	hi, lo := addr.Words(ap.Addr())
 	p := uint64(ap.Port())
-	x := binary.BigEndian.Uint64(a[8:]) ^ p ^ p<<48 + binary.BigEndian.Uint64(a[:8])*0xff51afd7ed558ccd
+	x := lo ^ p ^ p<<48 + hi*0xff51afd7ed558ccd
 	return int(x * 0x9e3779b97f4a7c15 >> t.shift)
 }
 
