@@ -40,11 +40,18 @@ func BenchmarkPickAddrs(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := netip.MustParseAddrPort("198.51.100.7:40000")
-	s := netip.MustParseAddrPort("[2001:db8::5]:5684")
-	b.ReportAllocs()
-	for b.Loop() {
-		t.PickAddrs(c, s)
+	for _, bc := range []struct{ name, client, service string }{
+		{"v4", "198.51.100.7:40000", "192.0.2.5:5684"},
+		{"v6", "[2001:db8:1::7]:40000", "[2001:db8::5]:5684"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := netip.MustParseAddrPort(bc.client)
+			s := netip.MustParseAddrPort(bc.service)
+			b.ReportAllocs()
+			for b.Loop() {
+				t.PickAddrs(c, s)
+			}
+		})
 	}
 }
 

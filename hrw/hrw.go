@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 const (
@@ -100,17 +98,16 @@ func (t *Table) Pick(key []byte) (ordinal uint8, ok bool) {
 	if t == nil || t.n == 0 {
 		return 0, false
 	}
-	var d xxhash.Digest
-	d.ResetWithSeed(t.seed)
-	d.Write(key)
-	return t.owner[d.Sum64()>>(64-BucketBits)], true
+	return t.owner[sum64(key, t.seed)>>(64-BucketBits)], true
 }
 
 // PickAddrs picks by the key AppendAddr(AppendAddr(nil, client), service).
 // It does not allocate.
 func (t *Table) PickAddrs(client, service netip.AddrPort) (uint8, bool) {
-	var buf [2 * AddrLen]byte
-	return t.Pick(AppendAddr(AppendAddr(buf[:0], client), service))
+	if t == nil || t.n == 0 {
+		return 0, false
+	}
+	return t.owner[sumAddrs(client, service, t.seed)>>(64-BucketBits)], true
 }
 
 // AppendAddr appends the key serialization of a to dst: the address in its

@@ -1,0 +1,98 @@
+package hrw
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"net/netip"
+
+	"github.com/cidroute/cidroute/internal/addr"
+)
+
+const prime4 uint64 = 9650029242287828579
+
+// sum64 is XXH64(b, seed), what xxhash.Digest gives after ResetWithSeed
+// and Write(b), in one call: the Digest's buffering costs more than the
+// hash of a 36-byte key. TestSum64 and FuzzSum64 hold it to the package.
+func sum64(b []byte, seed uint64) uint64 {
+	n := len(b)
+	var h uint64
+	if n >= 32 {
+		v1, v2, v3, v4 := seed+prime1+prime2, seed+prime2, seed, seed-prime1
+		for ; len(b) >= 32; b = b[32:] {
+			v1 = round(v1, binary.LittleEndian.Uint64(b[0:8]))
+			v2 = round(v2, binary.LittleEndian.Uint64(b[8:16]))
+			v3 = round(v3, binary.LittleEndian.Uint64(b[16:24]))
+			v4 = round(v4, binary.LittleEndian.Uint64(b[24:32]))
+		}
+		h = bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+		h = mergeRound(h, v1)
+		h = mergeRound(h, v2)
+		h = mergeRound(h, v3)
+		h = mergeRound(h, v4)
+	} else {
+		h = seed + prime5
+	}
+	h += uint64(n)
+	for ; len(b) >= 8; b = b[8:] {
+		h ^= round(0, binary.LittleEndian.Uint64(b))
+		h = bits.RotateLeft64(h, 27)*prime1 + prime4
+	}
+	if len(b) >= 4 {
+		h ^= uint64(binary.LittleEndian.Uint32(b)) * prime1
+		h = bits.RotateLeft64(h, 23)*prime2 + prime3
+		b = b[4:]
+	}
+	for _, c := range b {
+		h ^= uint64(c) * prime5
+		h = bits.RotateLeft64(h, 11) * prime1
+	}
+	h ^= h >> 33
+	h *= prime2
+	h ^= h >> 29
+	h *= prime3
+	h ^= h >> 32
+	return h
+}
+
+func round(acc, in uint64) uint64 {
+	return bits.RotateLeft64(acc+in*prime2, 31) * prime1
+}
+
+func mergeRound(acc, v uint64) uint64 {
+	return (acc^round(0, v))*prime1 + prime4
+}
+
+// sumAddrs is sum64(AppendAddr(AppendAddr(nil, c), s), seed) with the
+// 36-byte key's XXH64 lanes made from the addresses' words: building the
+// key bytewise and loading it back by words stalls on store forwarding.
+func sumAddrs(c, s netip.AddrPort, seed uint64) uint64 {
+	c0, c1 := lanes(c.Addr())
+	s0, s1 := lanes(s.Addr())
+	cp := uint64(bits.ReverseBytes16(c.Port()))
+	sp := uint64(bits.ReverseBytes16(s.Port()))
+
+	v1 := round(seed+prime1+prime2, c0)
+	v2 := round(seed+prime2, c1)
+	v3 := round(seed, cp|s0<<16)
+	v4 := round(seed-prime1, s0>>48|s1<<16)
+	h := bits.RotateLeft64(v1, 1) + bits.RotateLeft64(v2, 7) + bits.RotateLeft64(v3, 12) + bits.RotateLeft64(v4, 18)
+	h = mergeRound(h, v1)
+	h = mergeRound(h, v2)
+	h = mergeRound(h, v3)
+	h = mergeRound(h, v4)
+	h += 2 * AddrLen
+	h ^= (s1>>48 | sp<<16) * prime1
+	h = bits.RotateLeft64(h, 23)*prime2 + prime3
+	h ^= h >> 33
+	h *= prime2
+	h ^= h >> 29
+	h *= prime3
+	h ^= h >> 32
+	return h
+}
+
+// lanes returns a's 16-byte form (AppendAddr) as two little-endian words.
+func lanes(a netip.Addr) (uint64, uint64) {
+	hi, lo := addr.Words(a)
+	return bits.ReverseBytes64(hi), bits.ReverseBytes64(lo)
+}
