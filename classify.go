@@ -89,10 +89,10 @@ func classifyDTLS(b []byte, cidLen int, c *Class) error {
 	if err != nil {
 		return err
 	}
+	// Field by field: a composite literal is built aside and copied.
+	c.Kind, c.ID, c.Handshake, c.ZeroRTT = KindNew, nil, d.ClientHello, false
 	if d.Kind == dtls.KindEstablished {
-		*c = Class{Kind: KindEstablished, ID: d.CID}
-	} else {
-		*c = Class{Kind: KindNew, Handshake: d.ClientHello}
+		c.Kind, c.ID, c.Handshake = KindEstablished, d.CID, false
 	}
 	return nil
 }
@@ -103,7 +103,7 @@ func classifyQUIC(b []byte, cidLen int, c *Class) error {
 		return err
 	}
 	if q.Kind == quic.KindEstablished {
-		*c = Class{Kind: KindEstablished, ID: q.DCID}
+		c.Kind, c.ID, c.Handshake, c.ZeroRTT = KindEstablished, q.DCID, false, false
 		return nil
 	}
 	handshake := q.Initial
@@ -116,7 +116,7 @@ func classifyQUIC(b []byte, cidLen int, c *Class) error {
 		}
 		handshake = true
 	}
-	*c = Class{Kind: KindNew, ID: q.DCID, Handshake: handshake, ZeroRTT: q.ZeroRTT}
+	c.Kind, c.ID, c.Handshake, c.ZeroRTT = KindNew, q.DCID, handshake, q.ZeroRTT
 	return nil
 }
 

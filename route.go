@@ -40,11 +40,10 @@ type PPv2Encoder struct {
 
 // AppendHeader implements Encoder.
 func (e PPv2Encoder) AppendHeader(dst []byte, client, service netip.AddrPort) ([]byte, error) {
-	h := ppv2.Header{Command: ppv2.Proxy, Src: client, Dst: service}
 	if e.CRC {
-		return ppv2.AppendHeaderCRC(dst, h)
+		return ppv2.AppendHeaderCRC(dst, ppv2.Header{Command: ppv2.Proxy, Src: client, Dst: service})
 	}
-	return ppv2.AppendHeader(dst, h)
+	return ppv2.AppendProxy(dst, client, service)
 }
 
 // Protocol is the transport a service speaks.
@@ -273,7 +272,7 @@ func (r *Router) ordinal(cid []byte) (uint8, bool) {
 // appendHeader is r.enc.AppendHeader.
 func (r *Router) appendHeader(dst []byte, client, service netip.AddrPort) ([]byte, error) {
 	if r.ppv2 {
-		return ppv2.AppendHeader(dst, ppv2.Header{Command: ppv2.Proxy, Src: client, Dst: service})
+		return ppv2.AppendProxy(dst, client, service)
 	}
 	return r.enc.AppendHeader(dst, client, service)
 }

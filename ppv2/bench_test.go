@@ -40,6 +40,18 @@ func BenchmarkAppendHeader(b *testing.B) {
 	}
 }
 
+func BenchmarkAppendProxy(b *testing.B) {
+	for _, bc := range benchHeaders[:2] {
+		b.Run(bc.name, func(b *testing.B) {
+			buf := make([]byte, 0, 64)
+			b.ReportAllocs()
+			for b.Loop() {
+				buf, _ = ppv2.AppendProxy(buf[:0], bc.h.Src, bc.h.Dst)
+			}
+		})
+	}
+}
+
 func BenchmarkParse(b *testing.B) {
 	for _, bc := range benchHeaders {
 		b.Run(bc.name, func(b *testing.B) {

@@ -90,6 +90,8 @@ var (
 	ErrStream      = errors.New("ppv2: STREAM transport in a datagram")
 )
 
+var errNoAddr = fmt.Errorf("ppv2: PROXY header needs both addresses: %w", ErrFamily)
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Templates of the fixed 16 bytes, one copy each on the encode path.
@@ -116,34 +118,40 @@ func Sniff(b []byte) bool {
 // one too long for the 16-bit length; dst then comes back unchanged.
 // It does not allocate when dst has capacity.
 func AppendHeader(dst []byte, h Header) ([]byte, error) {
-	// The common case (PROXY, no TLVs) is handled here rather than in a
-	// helper: h is already in this frame, and passing &h on would copy it.
-	s, d := h.Src.Addr(), h.Dst.Addr()
 	if h.Command != Proxy || len(h.TLVs) != 0 {
 		return appendGeneral(dst, &h, false)
 	}
+	return appendProxy(dst, &h.Src, &h.Dst)
+}
+
+// AppendProxy is AppendHeader for a Proxy header without TLVs, the one a
+// proxy writes per datagram, with no Header to build and copy.
+func AppendProxy(dst []byte, src, dest netip.AddrPort) ([]byte, error) {
+	return appendProxy(dst, &src, &dest)
+}
+
+// appendProxy takes pointers: two AddrPorts and a slice do not fit the
+// argument registers, and both callers already hold them in memory.
+func appendProxy(dst []byte, src, dest *netip.AddrPort) ([]byte, error) {
+	shi, slo := addr.Words(src.Addr())
+	dhi, dlo := addr.Words(dest.Addr())
 	start := len(dst)
-	if (s.Is4() || s.Is4In6()) && (d.Is4() || d.Is4In6()) {
+	if is4(shi, slo) && is4(dhi, dlo) {
 		if cap(dst)-start < HeaderLen4 {
 			dst = growSlow(dst, HeaderLen4)
 		}
 		dst = dst[:start+HeaderLen4]
-		put4(dst[start:], s.As4(), d.As4(), h.Src.Port(), h.Dst.Port())
+		put4(dst[start:], slo, dlo, src.Port(), dest.Port())
 		return dst, nil
 	}
-	if !s.IsValid() || !d.IsValid() {
-		return appendGeneral(dst, &h, false) // for the error
+	if !src.Addr().IsValid() || !dest.Addr().IsValid() {
+		return dst, errNoAddr
 	}
 	if cap(dst)-start < HeaderLen6 {
 		dst = growSlow(dst, HeaderLen6)
 	}
 	dst = dst[:start+HeaderLen6]
-	b := dst[start : start+HeaderLen6]
-	*(*[prefixLen]byte)(b) = tmpl6
-	putAddr6(b[16:32], s)
-	putAddr6(b[32:48], d)
-	binary.BigEndian.PutUint16(b[48:50], h.Src.Port())
-	binary.BigEndian.PutUint16(b[50:52], h.Dst.Port())
+	put6(dst[start:], shi, slo, dhi, dlo, src.Port(), dest.Port())
 	return dst, nil
 }
 
@@ -153,55 +161,48 @@ func AppendHeaderCRC(dst []byte, h Header) ([]byte, error) {
 	return appendGeneral(dst, &h, true)
 }
 
-// mapped4 reports whether a (an As16 form) is IPv4-mapped, ::ffff:a.b.c.d;
-// As16 writes every IPv4 address that way, so this is "is IPv4".
-func mapped4(a *[16]byte) bool {
-	return binary.BigEndian.Uint64(a[0:8]) == 0 && binary.BigEndian.Uint32(a[8:12]) == 0xffff
-}
+// is4 reports whether an address's words (internal/addr) are IPv4-mapped,
+// ::ffff:a.b.c.d; every IPv4 address reads that way, so this is "is IPv4".
+func is4(hi, lo uint64) bool { return hi == 0 && lo>>32 == 0xffff }
 
 //go:noinline
 func growSlow(dst []byte, n int) []byte { return slices.Grow(dst, n) }
 
-// put4 and put6 write the fixed 16 bytes and the address block. Fixed-size
-// array assignments compile to plain moves, not memmove calls.
-func put4(b []byte, src, dst [4]byte, sport, dport uint16) {
+// put4 and put6 write the fixed 16 bytes and the address block from the
+// addresses' words: word stores, no byte arrays to copy.
+func put4(b []byte, src, dst uint64, sport, dport uint16) {
 	b = b[:HeaderLen4]
 	*(*[prefixLen]byte)(b) = tmpl4
-	*(*[4]byte)(b[16:20]) = src
-	*(*[4]byte)(b[20:24]) = dst
+	binary.BigEndian.PutUint32(b[16:20], uint32(src))
+	binary.BigEndian.PutUint32(b[20:24], uint32(dst))
 	binary.BigEndian.PutUint16(b[24:26], sport)
 	binary.BigEndian.PutUint16(b[26:28], dport)
 }
 
-// putAddr6 writes a's 16-byte form by words: copying As16's array would
-// stall on store forwarding (see internal/addr).
-func putAddr6(b []byte, a netip.Addr) {
-	hi, lo := addr.Words(a)
-	binary.BigEndian.PutUint64(b[:8], hi)
-	binary.BigEndian.PutUint64(b[8:16], lo)
-}
-
-func put6(b []byte, src, dst *[16]byte, sport, dport uint16) {
+func put6(b []byte, shi, slo, dhi, dlo uint64, sport, dport uint16) {
 	b = b[:HeaderLen6]
 	*(*[prefixLen]byte)(b) = tmpl6
-	*(*[16]byte)(b[16:32]) = *src
-	*(*[16]byte)(b[32:48]) = *dst
+	binary.BigEndian.PutUint64(b[16:24], shi)
+	binary.BigEndian.PutUint64(b[24:32], slo)
+	binary.BigEndian.PutUint64(b[32:40], dhi)
+	binary.BigEndian.PutUint64(b[40:48], dlo)
 	binary.BigEndian.PutUint16(b[48:50], sport)
 	binary.BigEndian.PutUint16(b[50:52], dport)
 }
 
 func appendGeneral(dst []byte, h *Header, addCRC bool) ([]byte, error) {
 	al := 0
-	var src, dstA [16]byte
+	var shi, slo, dhi, dlo uint64
 	switch h.Command {
 	case Local:
 	case Proxy:
 		if !h.Src.Addr().IsValid() || !h.Dst.Addr().IsValid() {
-			return dst, fmt.Errorf("ppv2: PROXY header needs both addresses: %w", ErrFamily)
+			return dst, errNoAddr
 		}
-		src, dstA = h.Src.Addr().As16(), h.Dst.Addr().As16()
+		shi, slo = addr.Words(h.Src.Addr())
+		dhi, dlo = addr.Words(h.Dst.Addr())
 		al = addrLen6
-		if mapped4(&src) && mapped4(&dstA) {
+		if is4(shi, slo) && is4(dhi, dlo) {
 			al = addrLen4
 		}
 	default:
@@ -234,9 +235,9 @@ func appendGeneral(dst []byte, h *Header, addCRC bool) ([]byte, error) {
 	case 0:
 		*(*[prefixLen]byte)(b) = tmplLocal
 	case addrLen4:
-		put4(b, [4]byte(src[12:16]), [4]byte(dstA[12:16]), h.Src.Port(), h.Dst.Port())
+		put4(b, slo, dlo, h.Src.Port(), h.Dst.Port())
 	case addrLen6:
-		put6(b, &src, &dstA, h.Src.Port(), h.Dst.Port())
+		put6(b, shi, slo, dhi, dlo, h.Src.Port(), h.Dst.Port())
 	}
 	binary.BigEndian.PutUint16(b[14:16], uint16(n))
 	t := b[prefixLen+al:]

@@ -250,6 +250,12 @@ func TestAppendHeader(t *testing.T) {
 			equal(t, tt.back.Src, h.Src)
 			equal(t, tt.back.Dst, h.Dst)
 			equal(t, string(tt.back.TLVs), string(h.TLVs))
+
+			if tt.h.Command == ppv2.Proxy && len(tt.h.TLVs) == 0 {
+				p, err := ppv2.AppendProxy([]byte("keep"), tt.h.Src, tt.h.Dst)
+				noErr(t, err)
+				equal(t, b, p)
+			}
 		})
 	}
 }
@@ -312,6 +318,11 @@ func TestAppendHeaderErrors(t *testing.T) {
 			equal(t, "x", string(b), "dst comes back unchanged")
 			_, err = ppv2.AppendHeaderCRC(nil, tt.h)
 			errIs(t, err, tt.want)
+			if tt.h.Command == ppv2.Proxy && len(tt.h.TLVs) == 0 {
+				b, err := ppv2.AppendProxy(dst, tt.h.Src, tt.h.Dst)
+				errIs(t, err, tt.want)
+				equal(t, "x", string(b), "dst comes back unchanged")
+			}
 		})
 	}
 }
@@ -400,6 +411,7 @@ func TestAllocs(t *testing.T) {
 		allocs := map[string]func(){
 			"AppendHeader":    func() { buf, _ = ppv2.AppendHeader(buf[:0], h) },
 			"AppendHeaderCRC": func() { buf, _ = ppv2.AppendHeaderCRC(buf[:0], h) },
+			"AppendProxy":     func() { buf, _ = ppv2.AppendProxy(buf[:0], h.Src, h.Dst) },
 			"Parse":           func() { _, _, _ = ppv2.Parse(plain) },
 			"Parse CRC":       func() { _, _, _ = ppv2.Parse(dgram) },
 			"TLV":             func() { _, _ = h.TLV(5) },
