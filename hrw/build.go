@@ -132,11 +132,5 @@ func pointPrefix(seed uint64, k uint32) uint64 {
 // finish completes XXH64 from pointPrefix given the ordinal's mix value.
 func finish(h, mix uint64) uint64 {
 	h ^= mix
-	h = bits.RotateLeft64(h, 11) * prime1
-	h ^= h >> 33
-	h *= prime2
-	h ^= h >> 29
-	h *= prime3
-	h ^= h >> 32
-	return h
+	return avalanche(bits.RotateLeft64(h, 11) * prime1)
 }

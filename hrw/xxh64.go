@@ -46,6 +46,11 @@ func sum64(b []byte, seed uint64) uint64 {
 		h ^= uint64(c) * prime5
 		h = bits.RotateLeft64(h, 11) * prime1
 	}
+	return avalanche(h)
+}
+
+// avalanche is XXH64's final mix.
+func avalanche(h uint64) uint64 {
 	h ^= h >> 33
 	h *= prime2
 	h ^= h >> 29
@@ -83,12 +88,7 @@ func sumAddrs(c, s netip.AddrPort, seed uint64) uint64 {
 	h += 2 * AddrLen
 	h ^= (s1>>48 | sp<<16) * prime1
 	h = bits.RotateLeft64(h, 23)*prime2 + prime3
-	h ^= h >> 33
-	h *= prime2
-	h ^= h >> 29
-	h *= prime3
-	h ^= h >> 32
-	return h
+	return avalanche(h)
 }
 
 // lanes returns a's 16-byte form (AppendAddr) as two little-endian words.
