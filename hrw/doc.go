@@ -2,7 +2,7 @@
 // (highest random weight) hashing, identically on every machine.
 //
 // A Table is built once per backend snapshot with New and then answers
-// Pick(key) with one xxhash of the key and one array lookup, whatever the
+// Pick(key) with one XXH64 of the key and one array lookup, whatever the
 // number of backends. It is immutable and safe for concurrent use; Pick and
 // PickAddrs do not allocate.
 //
@@ -11,8 +11,9 @@
 // Everything below is integer arithmetic, so amd64, arm64 and big-endian
 // s390x give bit-identical results (testdata/golden.txt pins them).
 // XXH64(b, s) is the 64-bit xxHash of the bytes b with seed s, as
-// xxhash.Digest computes it after ResetWithSeed(s); be32(k) is k as 4 bytes
-// big-endian.
+// github.com/cespare/xxhash/v2's Digest computes it after ResetWithSeed(s)
+// (the package hashes with its own one-shot copy, tested against it);
+// be32(k) is k as 4 bytes big-endian.
 //
 // Keys. An address is 18 bytes: its 16-byte IPv6 form (IPv4 as IPv4-mapped
 // ::ffff:a.b.c.d, zone dropped, the zero netip.Addr as 16 zero bytes), then
