@@ -114,11 +114,13 @@ type Router struct {
 
 	// The built-in stages are called directly rather than through their
 	// interfaces, which costs as much again as the work (see classify).
-	clsProto   Protocol // DTLS or QUIC: cls is that protocol's classifier
-	clsLen     int      // its CIDLen
-	codecProto Protocol // DTLS: codec is dtls.OrdinalFirst; QUIC: quic.LB
-	lb         quic.LB  // the codec when codecProto is QUIC
-	ppv2       bool     // enc is PPv2Encoder{} (no CRC)
+	clsProto   Protocol          // DTLS or QUIC: cls is that protocol's classifier
+	clsLen     int               // its CIDLen
+	codecProto Protocol          // DTLS: codec is dtls.OrdinalFirst; QUIC: quic.LB
+	of         dtls.OrdinalFirst // the codec when codecProto is DTLS
+	lb         quic.LB           // the codec when codecProto is QUIC
+	ppv2       bool              // enc is a PPv2Encoder, held in pp
+	pp         PPv2Encoder
 }
 
 // RouterConfig is what a Router needs. Zero fields take defaults.
@@ -194,11 +196,11 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	}
 	switch c := r.codec.(type) {
 	case dtls.OrdinalFirst:
-		r.codecProto = DTLS
+		r.codecProto, r.of = DTLS, c
 	case quic.LB:
 		r.codecProto, r.lb = QUIC, c
 	}
-	r.ppv2 = r.enc == Encoder(PPv2Encoder{})
+	r.pp, r.ppv2 = r.enc.(PPv2Encoder)
 	return r, nil
 }
 
@@ -262,7 +264,7 @@ func (r *Router) classify(b []byte, c *Class) error {
 func (r *Router) ordinal(cid []byte) (uint8, bool) {
 	switch r.codecProto {
 	case DTLS:
-		return cid[0], true // dtls.OrdinalFirst
+		return r.of.Ordinal(cid)
 	case QUIC:
 		return r.lb.Ordinal(cid)
 	}
@@ -272,7 +274,7 @@ func (r *Router) ordinal(cid []byte) (uint8, bool) {
 // appendHeader is r.enc.AppendHeader.
 func (r *Router) appendHeader(dst []byte, client, service netip.AddrPort) ([]byte, error) {
 	if r.ppv2 {
-		return ppv2.AppendProxy(dst, client, service)
+		return r.pp.AppendHeader(dst, client, service)
 	}
 	return r.enc.AppendHeader(dst, client, service)
 }
