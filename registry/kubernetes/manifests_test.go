@@ -70,6 +70,25 @@ func isOnlyComments(doc []byte) bool {
 	return true
 }
 
+// ofType returns the objects of type T in objs.
+func ofType[T runtime.Object](objs []runtime.Object) []T {
+	var out []T
+	for _, o := range objs {
+		if v, ok := o.(T); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// single returns the one object of type T in objs.
+func single[T runtime.Object](t *testing.T, objs []runtime.Object) T {
+	t.Helper()
+	s := ofType[T](objs)
+	require.Len(t, s, 1, "%T", *new(T))
+	return s[0]
+}
+
 // proxyConfig mirrors the cidproxy config keys (examples/cidproxy), with
 // the "kubernetes" service source; unknown keys fail the decode as they
 // fail cidproxy.
@@ -107,46 +126,22 @@ func TestManifests(t *testing.T) {
 	}
 	objs := loadManifests(t, manifestsDir)
 
-	var (
-		namespaces      []*corev1.Namespace
-		services        []*corev1.Service
-		statefulSets    []*appsv1.StatefulSet
-		deployments     []*appsv1.Deployment
-		configMaps      []*corev1.ConfigMap
-		serviceAccounts []*corev1.ServiceAccount
-		roles           []*rbacv1.Role
-		roleBindings    []*rbacv1.RoleBinding
-	)
 	for _, o := range objs {
-		switch o := o.(type) {
-		case *corev1.Namespace:
-			namespaces = append(namespaces, o)
-		case *corev1.Service:
-			services = append(services, o)
-		case *appsv1.StatefulSet:
-			statefulSets = append(statefulSets, o)
-		case *appsv1.Deployment:
-			deployments = append(deployments, o)
-		case *corev1.ConfigMap:
-			configMaps = append(configMaps, o)
-		case *corev1.ServiceAccount:
-			serviceAccounts = append(serviceAccounts, o)
-		case *rbacv1.Role:
-			roles = append(roles, o)
-		case *rbacv1.RoleBinding:
-			roleBindings = append(roleBindings, o)
+		switch o.(type) {
+		case *corev1.Namespace, *corev1.Service, *appsv1.StatefulSet, *appsv1.Deployment,
+			*corev1.ConfigMap, *corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding:
 		default:
 			t.Fatalf("unexpected kind %T (no cluster-wide RBAC or anything else)", o)
 		}
 	}
-	require.Len(t, namespaces, 1)
-	ns := namespaces[0].Name
-	require.Len(t, statefulSets, 1)
-	require.Len(t, deployments, 1)
-	require.Len(t, configMaps, 1)
-	require.Len(t, serviceAccounts, 1)
-	require.Len(t, roles, 1)
-	require.Len(t, roleBindings, 1)
+	ns := single[*corev1.Namespace](t, objs).Name
+	sts := single[*appsv1.StatefulSet](t, objs)
+	dep := single[*appsv1.Deployment](t, objs)
+	cm := single[*corev1.ConfigMap](t, objs)
+	sa := single[*corev1.ServiceAccount](t, objs)
+	role := single[*rbacv1.Role](t, objs)
+	rb := single[*rbacv1.RoleBinding](t, objs)
+	services := ofType[*corev1.Service](objs)
 	require.Len(t, services, 2)
 	for _, o := range objs {
 		if _, ok := o.(*corev1.Namespace); ok {
@@ -157,7 +152,6 @@ func TestManifests(t *testing.T) {
 	}
 
 	// Backends: a StatefulSet behind a headless Service with a UDP port.
-	sts := statefulSets[0]
 	var headless, lb *corev1.Service
 	for _, s := range services {
 		switch {
@@ -191,7 +185,6 @@ func TestManifests(t *testing.T) {
 	}), "the backend learns its ordinal from the pod")
 
 	// RBAC: get/list/watch on endpointslices, nothing more.
-	role := roles[0]
 	require.Len(t, role.Rules, 1)
 	rule := role.Rules[0]
 	require.Equal(t, []string{"discovery.k8s.io"}, rule.APIGroups)
@@ -199,18 +192,14 @@ func TestManifests(t *testing.T) {
 	require.ElementsMatch(t, []string{"get", "list", "watch"}, rule.Verbs)
 	require.Empty(t, rule.ResourceNames)
 	require.Empty(t, rule.NonResourceURLs)
-	sa := serviceAccounts[0]
-	rb := roleBindings[0]
 	require.Equal(t, rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}, rb.RoleRef)
 	require.Equal(t, []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: ns}}, rb.Subjects)
 
 	// The proxy Deployment: 2+ replicas under that account, with the config.
-	dep := deployments[0]
 	require.NotNil(t, dep.Spec.Replicas)
 	require.GreaterOrEqual(t, *dep.Spec.Replicas, int32(2))
 	require.Equal(t, sa.Name, dep.Spec.Template.Spec.ServiceAccountName)
 	require.Equal(t, dep.Spec.Selector.MatchLabels, dep.Spec.Template.Labels)
-	cm := configMaps[0]
 	var mountPath string
 	for _, v := range dep.Spec.Template.Spec.Volumes {
 		if v.ConfigMap != nil && v.ConfigMap.Name == cm.Name {
