@@ -7,34 +7,17 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/bench/internal/testecho"
 )
 
-func plainEcho(t *testing.T) netip.AddrPort {
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { c.Close(); wg.Wait() })
-	wg.Go(func() {
-		buf := make([]byte, 65535)
-		for {
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			c.WriteToUDPAddrPort(buf[:n], from)
-		}
-	})
-	return c.LocalAddr().(*net.UDPAddr).AddrPort()
-}
-
 func TestSessions(t *testing.T) {
-	echo := plainEcho(t)
+	echo := testecho.Plain(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan int)

@@ -5,13 +5,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/bench/internal/testecho"
 	"github.com/cidroute/cidroute/ppv2"
 )
 
@@ -37,32 +37,8 @@ func TestHeaderIsPPv2(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(100, func() { stampClient(h, client); _ = clientOf(rev) }))
 }
 
-// ppEcho is a PPv2 echo backend: the reverse header, then the payload.
-func ppEcho(t *testing.T) netip.AddrPort {
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { c.Close(); wg.Wait() })
-	wg.Go(func() {
-		buf := make([]byte, 65535)
-		for {
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			h, off, err := ppv2.Parse(buf[:n])
-			if err != nil {
-				continue
-			}
-			out, _ := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: h.Dst, Dst: h.Src})
-			c.WriteToUDPAddrPort(append(out, buf[off:n]...), from)
-		}
-	})
-	return c.LocalAddr().(*net.UDPAddr).AddrPort()
-}
-
 func TestForwardAndBack(t *testing.T) {
-	f, err := newForwarder("127.0.0.1:0", ppEcho(t), 8)
+	f, err := newForwarder("127.0.0.1:0", testecho.PPv2(t), 8)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
