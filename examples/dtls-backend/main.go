@@ -20,7 +20,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -42,42 +41,22 @@ func main() {
 func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtlsecho.Server)) int {
 	fs := flag.NewFlagSet("dtls-backend", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	listen := fs.String("listen", "0.0.0.0:5684", "UDP `address` to listen on")
-	ordinal := fs.Int("ordinal", -1, "the backend's ordinal 0-254; -1 takes it from the HOSTNAME suffix (ds-2 → 2)")
+	var common backendcfg.Flags
+	common.Register(fs, "0.0.0.0:5684", "ds-2", "ClientHellos")
 	cidLen := fs.Int("cid-len", 8, "connection ID length; the proxies' cid_len must match")
 	psk := fs.String("psk", "", "pre-shared key in `hex`: PSK mode (TLS_PSK_WITH_AES_128_CCM_8, _GCM_SHA256); empty: certificate mode")
 	hint := fs.String("psk-identity-hint", "cidroute", "PSK identity hint sent to clients")
 	certFile := fs.String("cert", "", "certificate PEM `file` (certificate mode; default: self-signed at start)")
 	keyFile := fs.String("key", "", "private key PEM `file` for -cert")
-	trusted := fs.String("trusted-proxies", backendcfg.DefaultTrusted, "comma-separated `prefixes` allowed to send PROXY v2 headers")
-	direct := fs.String("direct", "accept", "datagrams without PROXY v2: accept, no-handshake (drop direct ClientHellos) or drop")
 	prefix := fs.String("prefix", "", "`text` prepended to every echo")
 	idle := fs.Duration("idle-timeout", 5*time.Minute, "end a session that received nothing for this long")
-	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "dtls-backend: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	log, err := backendcfg.Logger(stderr, *level)
-	if err != nil {
-		fmt.Fprintf(stderr, "dtls-backend: %v\n", err)
-		return 2
-	}
-	cfg := dtlsecho.Config{CIDLen: *cidLen, PSKIdentityHint: *hint, Prefix: *prefix, IdleTimeout: *idle, Logger: log}
-	var from string
-	cfg.Ordinal, from, err = backendcfg.Resolve(*ordinal, nil)
-	if err == nil {
-		cfg.Listen, err = netip.ParseAddrPort(*listen)
-	}
-	if err == nil {
-		cfg.TrustedProxies, err = backendcfg.ParsePrefixes(*trusted)
-	}
-	if err == nil {
-		cfg.Direct, err = backendcfg.ParseDirect(*direct)
-	}
+	set, err := common.Parse(fs, stderr)
+	log := set.Log
+	cfg := dtlsecho.Config{Listen: set.Listen, Ordinal: set.Ordinal, CIDLen: *cidLen, PSKIdentityHint: *hint,
+		TrustedProxies: set.TrustedProxies, Direct: set.Direct, Prefix: *prefix, IdleTimeout: *idle, Logger: log}
 	if err == nil && *idle <= 0 {
 		err = fmt.Errorf("-idle-timeout %v: must be positive", *idle)
 	}
@@ -106,8 +85,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtl
 		log.Error("cannot start", "err", err)
 		return 1
 	}
-	log.Info("dtls-backend started", "ordinal", cfg.Ordinal, "ordinal_from", from, "listen", srv.Addr(),
-		"mode", mode, "cid_len", cfg.CIDLen, "trusted_proxies", *trusted, "direct", *direct)
+	log.Info("dtls-backend started", "ordinal", cfg.Ordinal, "ordinal_from", set.OrdinalFrom, "listen", srv.Addr(),
+		"mode", mode, "cid_len", cfg.CIDLen, "trusted_proxies", common.Trusted, "direct", common.Direct)
 	if started != nil {
 		started(srv)
 	}

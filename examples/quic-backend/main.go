@@ -20,7 +20,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -43,43 +42,23 @@ func main() {
 func run(ctx context.Context, args []string, stderr io.Writer, started func(*quicecho.Server)) int {
 	fs := flag.NewFlagSet("quic-backend", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	listen := fs.String("listen", "0.0.0.0:4433", "UDP `address` to listen on")
-	ordinal := fs.Int("ordinal", -1, "the backend's ordinal 0-254; -1 takes it from the HOSTNAME suffix (qs-2 → 2)")
+	var common backendcfg.Flags
+	common.Register(fs, "0.0.0.0:4433", "qs-2", "Initials")
 	cidLen := fs.Int("cid-len", 12, "QUIC-LB connection ID length (6-20); the proxies' cid_len must match")
 	alpn := fs.String("alpn", quicecho.DefaultALPN, "comma-separated ALPN `protocols` offered")
 	certFile := fs.String("cert", "", "certificate PEM `file` (default: self-signed at start)")
 	keyFile := fs.String("key", "", "private key PEM `file` for -cert")
-	trusted := fs.String("trusted-proxies", backendcfg.DefaultTrusted, "comma-separated `prefixes` allowed to send PROXY v2 headers")
-	direct := fs.String("direct", "accept", "datagrams without PROXY v2: accept, no-handshake (drop direct Initials) or drop")
-	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "quic-backend: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	log, err := backendcfg.Logger(stderr, *level)
-	if err != nil {
-		fmt.Fprintf(stderr, "quic-backend: %v\n", err)
-		return 2
-	}
-	cfg := quicecho.Config{Codec: quic.LB{Length: *cidLen}, Logger: log}
+	set, err := common.Parse(fs, stderr)
+	log := set.Log
+	cfg := quicecho.Config{Listen: set.Listen, Ordinal: set.Ordinal, Codec: quic.LB{Length: *cidLen},
+		TrustedProxies: set.TrustedProxies, Direct: set.Direct, Logger: log}
 	for p := range strings.SplitSeq(*alpn, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			cfg.ALPN = append(cfg.ALPN, p)
 		}
-	}
-	var from string
-	cfg.Ordinal, from, err = backendcfg.Resolve(*ordinal, nil)
-	if err == nil {
-		cfg.Listen, err = netip.ParseAddrPort(*listen)
-	}
-	if err == nil {
-		cfg.TrustedProxies, err = backendcfg.ParsePrefixes(*trusted)
-	}
-	if err == nil {
-		cfg.Direct, err = backendcfg.ParseDirect(*direct)
 	}
 	if err == nil && len(cfg.ALPN) == 0 {
 		err = fmt.Errorf("-alpn: no protocol")
@@ -99,8 +78,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*qui
 		log.Error("cannot start", "err", err)
 		return 1
 	}
-	log.Info("quic-backend started", "ordinal", cfg.Ordinal, "ordinal_from", from, "listen", srv.Addr(),
-		"alpn", strings.Join(cfg.ALPN, ","), "certificate", cert, "cid_len", *cidLen, "trusted_proxies", *trusted, "direct", *direct)
+	log.Info("quic-backend started", "ordinal", cfg.Ordinal, "ordinal_from", set.OrdinalFrom, "listen", srv.Addr(),
+		"alpn", strings.Join(cfg.ALPN, ","), "certificate", cert, "cid_len", *cidLen, "trusted_proxies", common.Trusted, "direct", common.Direct)
 	if started != nil {
 		started(srv)
 	}

@@ -1,7 +1,8 @@
 // Package backendcfg holds the command-line plumbing the example backends
-// (examples/dtls-backend, examples/quic-backend) share: the ordinal, taken
-// from a flag or from the pod's hostname as in a StatefulSet (ds-2 → 2),
-// the trusted proxy list, the direct-datagram policy and the log level.
+// (examples/dtls-backend, examples/quic-backend) share: the listen address,
+// the ordinal, taken from a flag or from the pod's hostname as in a
+// StatefulSet (ds-2 → 2), the trusted proxy list, the direct-datagram policy
+// and the log level.
 package backendcfg
 
 import (

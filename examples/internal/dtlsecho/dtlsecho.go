@@ -26,6 +26,7 @@ import (
 	pion "github.com/pion/dtls/v3"
 
 	"github.com/cidroute/cidroute/dtls/piondtls"
+	"github.com/cidroute/cidroute/examples/internal/echobase"
 	"github.com/cidroute/cidroute/examples/internal/selfsigned"
 	"github.com/cidroute/cidroute/ppv2/backend"
 )
@@ -144,22 +145,13 @@ func Listen(cfg Config) (*Server, error) {
 		}
 		pc.Certificates = []tls.Certificate{*cert}
 	}
-	laddr := cfg.Listen
-	if !laddr.IsValid() {
-		laddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 0)
-	}
-	udp, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(laddr))
-	if err != nil {
-		return nil, fmt.Errorf("dtlsecho: %w", err)
-	}
-	bc, err := backend.New(udp, backend.Config{
+	bc, err := echobase.Listen(cfg.Listen, backend.Config{
 		TrustedProxies: cfg.TrustedProxies,
 		Direct:         cfg.Direct,
 		Protocol:       backend.DTLS,
 		CIDLen:         cfg.CIDLen,
 	})
 	if err != nil {
-		udp.Close()
 		return nil, fmt.Errorf("dtlsecho: %w", err)
 	}
 	pl, err := piondtls.NewPacketListener(bc, piondtls.Config{CIDLen: cfg.CIDLen})
@@ -182,10 +174,7 @@ func Listen(cfg Config) (*Server, error) {
 }
 
 // Addr returns the bound address.
-func (s *Server) Addr() netip.AddrPort {
-	a := s.bc.LocalAddr().(*net.UDPAddr).AddrPort()
-	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
-}
+func (s *Server) Addr() netip.AddrPort { return echobase.Addr(s.bc) }
 
 // Ordinal returns the server's ordinal.
 func (s *Server) Ordinal() uint8 { return s.cfg.Ordinal }
@@ -199,13 +188,7 @@ func (s *Server) Stats() (backend.Stats, piondtls.Stats) { return s.bc.Stats(), 
 func (s *Server) Sessions() []Session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Session, 0, len(s.sessions))
-	for id := uint64(1); id <= s.next; id++ {
-		if ss, ok := s.sessions[id]; ok {
-			out = append(out, *ss)
-		}
-	}
-	return out
+	return echobase.InOrder(s.sessions, s.next)
 }
 
 // Close stops accepting, ends every session, closes the socket and waits
@@ -250,21 +233,6 @@ func (s *Server) accept() {
 	}
 }
 
-func peer(c net.Conn) backend.Addr {
-	if a, ok := c.RemoteAddr().(*backend.Addr); ok {
-		return *a
-	}
-	return backend.Addr{}
-}
-
-// addrAttrs logs the claimed client and the measured proxy apart.
-func addrAttrs(a backend.Addr) []any {
-	if !a.Proxied() {
-		return []any{"client", a.Client, "proxy", "none (direct)"}
-	}
-	return []any{"client", a.Client, "proxy", a.Proxy, "service", a.Service}
-}
-
 func (s *Server) serve(id uint64, c *pion.Conn) {
 	defer s.wg.Done()
 	defer func() {
@@ -273,13 +241,13 @@ func (s *Server) serve(id uint64, c *pion.Conn) {
 		delete(s.conns, id)
 		s.mu.Unlock()
 	}()
-	first := peer(c)
+	first := echobase.Peer(c)
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
 	err := c.HandshakeContext(ctx)
 	cancel()
 	if err != nil {
 		if s.ctx.Err() == nil {
-			s.log.Warn("handshake failed", append(addrAttrs(first), "err", err)...)
+			s.log.Warn("handshake failed", append(echobase.AddrAttrs(first), "err", err)...)
 		}
 		return
 	}
@@ -291,7 +259,7 @@ func (s *Server) serve(id uint64, c *pion.Conn) {
 	if st, ok := c.ConnectionState(); ok {
 		suite = st.CipherSuiteID.String()
 	}
-	s.log.Info("session started", append([]any{"session", id}, append(addrAttrs(first), "cipher_suite", suite)...)...)
+	s.log.Info("session started", append([]any{"session", id}, append(echobase.AddrAttrs(first), "cipher_suite", suite)...)...)
 
 	buf := make([]byte, 16384)
 	out := make([]byte, 0, len(s.cfg.Prefix)+len(buf))
@@ -309,7 +277,7 @@ func (s *Server) serve(id uint64, c *pion.Conn) {
 			end(err)
 			return
 		}
-		now := peer(c)
+		now := echobase.Peer(c)
 		msgs++
 		s.mu.Lock()
 		ss.Messages++
@@ -320,7 +288,7 @@ func (s *Server) serve(id uint64, c *pion.Conn) {
 		}
 		s.mu.Unlock()
 		if moved {
-			s.log.Info("session moved", append([]any{"session", id, "from", last.Client}, addrAttrs(now)...)...)
+			s.log.Info("session moved", append([]any{"session", id, "from", last.Client}, echobase.AddrAttrs(now)...)...)
 			last = now
 		}
 		if s.cfg.Observe != nil {

@@ -18,12 +18,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/netip"
 	"sync"
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/cidroute/cidroute/examples/internal/echobase"
 	"github.com/cidroute/cidroute/examples/internal/selfsigned"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/quic/quicgo"
@@ -125,22 +125,13 @@ func Listen(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("quicecho: certificate: %w", err)
 	}
-	laddr := cfg.Listen
-	if !laddr.IsValid() {
-		laddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 0)
-	}
-	udp, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(laddr))
-	if err != nil {
-		return nil, fmt.Errorf("quicecho: %w", err)
-	}
-	bc, err := backend.New(udp, backend.Config{
+	bc, err := echobase.Listen(cfg.Listen, backend.Config{
 		TrustedProxies: cfg.TrustedProxies,
 		Direct:         cfg.Direct,
 		Protocol:       backend.QUIC,
 		CIDLen:         gen.ConnectionIDLen(),
 	})
 	if err != nil {
-		udp.Close()
 		return nil, fmt.Errorf("quicecho: %w", err)
 	}
 	var resetKey quic.StatelessResetKey
@@ -160,10 +151,7 @@ func Listen(cfg Config) (*Server, error) {
 }
 
 // Addr returns the bound address.
-func (s *Server) Addr() netip.AddrPort {
-	a := s.bc.LocalAddr().(*net.UDPAddr).AddrPort()
-	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
-}
+func (s *Server) Addr() netip.AddrPort { return echobase.Addr(s.bc) }
 
 // Ordinal returns the server's ordinal.
 func (s *Server) Ordinal() uint8 { return s.cfg.Ordinal }
@@ -175,13 +163,7 @@ func (s *Server) Stats() backend.Stats { return s.bc.Stats() }
 func (s *Server) Connections() []Connection {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Connection, 0, len(s.conns))
-	for id := uint64(1); id <= s.next; id++ {
-		if c, ok := s.conns[id]; ok {
-			out = append(out, *c)
-		}
-	}
-	return out
+	return echobase.InOrder(s.conns, s.next)
 }
 
 // Close closes every connection and the socket, and waits for the
@@ -210,28 +192,13 @@ func (s *Server) accept() {
 		s.mu.Lock()
 		s.next++
 		id := s.next
-		first := peer(c)
+		first := echobase.Peer(c)
 		s.conns[id] = &Connection{ID: id, First: first, Last: first, Open: true}
 		s.mu.Unlock()
-		s.log.Info("connection started", append([]any{"conn", id, "alpn", c.ConnectionState().TLS.NegotiatedProtocol}, addrAttrs(first)...)...)
+		s.log.Info("connection started", append([]any{"conn", id, "alpn", c.ConnectionState().TLS.NegotiatedProtocol}, echobase.AddrAttrs(first)...)...)
 		s.wg.Add(1)
 		go s.serve(id, c)
 	}
-}
-
-func peer(c *quic.Conn) backend.Addr {
-	if a, ok := c.RemoteAddr().(*backend.Addr); ok {
-		return *a
-	}
-	return backend.Addr{}
-}
-
-// addrAttrs logs the claimed client and the measured proxy apart.
-func addrAttrs(a backend.Addr) []any {
-	if !a.Proxied() {
-		return []any{"client", a.Client, "proxy", "none (direct)"}
-	}
-	return []any{"client", a.Client, "proxy", a.Proxy, "service", a.Service}
 }
 
 func (s *Server) serve(id uint64, c *quic.Conn) {
@@ -262,7 +229,7 @@ func (s *Server) echo(id uint64, c *quic.Conn, st *quic.Stream) {
 	for {
 		n, err := st.Read(buf)
 		if n > 0 {
-			now := peer(c)
+			now := echobase.Peer(c)
 			s.mu.Lock()
 			cn := s.conns[id]
 			cn.Bytes += int64(n)
@@ -273,7 +240,7 @@ func (s *Server) echo(id uint64, c *quic.Conn, st *quic.Stream) {
 			}
 			s.mu.Unlock()
 			if now != last {
-				s.log.Info("connection moved", append([]any{"conn", id, "from", last.Client}, addrAttrs(now)...)...)
+				s.log.Info("connection moved", append([]any{"conn", id, "from", last.Client}, echobase.AddrAttrs(now)...)...)
 			}
 			if s.cfg.Observe != nil {
 				s.cfg.Observe(Message{Conn: id, From: now, Data: buf[:n]})
