@@ -86,6 +86,10 @@ func TestDirectClient(t *testing.T) {
 		cfg.ConnectionIDGenerator = gen
 		ln, err := Listen(bc, cfg)
 		require.NoError(t, err)
+		// The server keeps its session until the client has its answer: a
+		// close_notify right behind the reply can reach the client's Read
+		// first, as EOF.
+		answered := make(chan struct{})
 		go func() {
 			c, err := ln.Accept()
 			if err != nil {
@@ -96,6 +100,7 @@ func TestDirectClient(t *testing.T) {
 			n, err := c.Read(buf)
 			if err == nil {
 				c.Write(append([]byte("1|"), buf[:n]...))
+				<-answered
 			}
 		}()
 		sc := newSwitchConn(t, bc.LocalAddr().(*net.UDPAddr).AddrPort())
@@ -115,6 +120,7 @@ func TestDirectClient(t *testing.T) {
 			assert.Error(t, err, "handshake must not complete")
 			assert.NotZero(t, bc.Stats().DroppedDirectHandshake)
 		}
+		close(answered)
 		cl.Close()
 		ln.Close()
 		bc.Close()
