@@ -44,6 +44,7 @@ func Example() {
 		n, _ := c.Read(buf)
 		a := c.RemoteAddr().(*backend.Addr)
 		fmt.Fprintf(c, "%s (proxied: %v)", buf[:n], a.Proxied())
+		c.Read(buf) // until the client closes: our close_notify could overtake the reply
 	}()
 
 	cl, err := dtls.Dial("udp", ln.Addr().(*net.UDPAddr), &dtls.Config{PSK: psk, PSKIdentityHint: []byte("client"),
