@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -292,11 +293,67 @@ func TestSocketFailureMarksUnsent(t *testing.T) {
 func TestTinySendBufferNonDrainingReceiver(t *testing.T) {
 	// Blast bursts at a receiver that does not read, from a socket with the
 	// smallest send buffer the kernel allows; then drain and check sequence
-	// numbers. On loopback the kernel frees the send buffer when it hands
-	// the datagram to the receiving queue (loopback_xmit orphans the skb),
-	// so sendmmsg does not stop early here on Linux 6.x (the count of short
-	// returns is logged; EMSGSIZE and the seam tests cover real and faked
-	// short returns). Either way nothing may be lost or duplicated.
+	// numbers. On plain loopback the kernel frees the send buffer when it
+	// hands the datagram to the receiving queue (loopback_xmit orphans the
+	// skb), so sendmmsg does not stop early here (the count of short returns
+	// is logged); TestPartialSendsUnderBackpressure puts a shaping qdisc in
+	// the way so that it does. Either way nothing may be lost or duplicated.
+	st := blastTinySendBuffer(t)
+	t.Logf("%d sendmmsg calls, %d returned short, %d would-blocks", st.calls, st.partial, st.wouldBlock)
+}
+
+// shapedEnv marks the child process TestPartialSendsUnderBackpressure runs
+// in its own network namespace.
+const shapedEnv = "UDPIO_TEST_SHAPED_LOOPBACK"
+
+// shapedSetup makes loopback slow (20 Mbit/s token bucket) in a fresh
+// network namespace, so that datagrams wait in the qdisc, still charged to
+// the sender's SO_SNDBUF, and sendmmsg really stops part-way.
+const shapedSetup = `ip link set lo up && tc qdisc add dev lo root tbf rate 20mbit burst 4kb limit 256kb && exec "$0" "$@"`
+
+func TestPartialSendsUnderBackpressure(t *testing.T) {
+	// A real partial sendmmsg: a tiny SO_SNDBUF, a receiver that does not
+	// read during the burst and a loopback that drains the send buffer
+	// slowly. The kernel returns short, the next call would block and parks
+	// on the netpoller until the qdisc has sent some, and WriteBatch goes on
+	// from the first unsent datagram: all arrive once, in order.
+	if os.Getenv(shapedEnv) == "1" {
+		st := blastTinySendBuffer(t)
+		t.Logf("%d sendmmsg calls, %d returned short, %d would-blocks", st.calls, st.partial, st.wouldBlock)
+		require.Positive(t, st.partial, "sendmmsg returned short under backpressure")
+		// Each would-block parks until the socket is writable again, so the
+		// next attempt goes through: a spinning writer would retry
+		// thousands of times per short return.
+		assert.LessOrEqual(t, st.wouldBlock, 2*st.calls+10, "sendmmsg attempts that would block")
+		return
+	}
+	var tools []string
+	for _, tool := range []string{"unshare", "ip", "tc"} {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			t.Skipf("%s not found (util-linux, iproute2): needed to shape loopback in a private network namespace", tool)
+		}
+		tools = append(tools, p)
+	}
+	cmd := exec.Command(tools[0], "--net", "--map-root-user", "sh", "-c", shapedSetup,
+		os.Args[0], "-test.run=^TestPartialSendsUnderBackpressure$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), shapedEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if !bytes.Contains(out, []byte("=== RUN")) {
+		t.Skipf("cannot create a shaped network namespace (%v): %s", err, out)
+	}
+	t.Logf("in a network namespace with a 20 Mbit/s loopback:\n%s", out)
+	require.NoError(t, err)
+	require.Contains(t, string(out), "--- PASS: TestPartialSendsUnderBackpressure")
+}
+
+type blastStats struct{ calls, partial, wouldBlock int }
+
+// blastTinySendBuffer sends 2000 numbered datagrams in bursts that fit the
+// receiver's buffer, from a socket with the smallest send buffer, reading
+// only after each burst's WriteBatch has returned, and checks that every
+// datagram arrived once and in order.
+func blastTinySendBuffer(t *testing.T) blastStats {
 	const total, size = 2000, 200
 	rc := listen(t, "udp4", "127.0.0.1:0", ListenConfig{RecvBuffer: 8 << 20})
 	sc := listen(t, "udp4", "127.0.0.1:0", ListenConfig{SendBuffer: 1})
@@ -304,10 +361,19 @@ func TestTinySendBufferNonDrainingReceiver(t *testing.T) {
 	require.NoError(t, err)
 	_, sndbuf, err := BufferSizes(sc)
 	require.NoError(t, err)
-	t.Logf("receiver SO_RCVBUF %d, sender SO_SNDBUF %d (requested 1)", rb, sndbuf)
 	burst := min(total, rb/2048) // skb truesize of a 200-byte datagram ≤ 2 KiB
+	t.Logf("receiver SO_RCVBUF %d, sender SO_SNDBUF %d (requested 1), bursts of %d", rb, sndbuf, burst)
 	r, s := newConn(t, rc, 64), newConn(t, sc, 64)
 	calls, partial := countCalls(s)
+	var st blastStats
+	try := s.tx.fn
+	s.tx.fn = func(fd uintptr) bool {
+		done := try(fd)
+		if !done {
+			st.wouldBlock++
+		}
+		return done
+	}
 	var seqs []uint32
 	ms := make([]Message, 0, burst)
 	for next := 0; next < total; {
@@ -318,14 +384,19 @@ func TestTinySendBufferNonDrainingReceiver(t *testing.T) {
 		n, err := s.WriteBatch(ms)
 		require.NoError(t, err)
 		require.Equal(t, len(ms), n)
+		for i := range ms {
+			require.NoError(t, ms[i].Err)
+		}
 		for _, m := range readAll(t, r, rc, len(ms)) {
 			seqs = append(seqs, binary.BigEndian.Uint32(m.Buf))
 		}
 	}
+	require.Len(t, seqs, total)
 	for i, q := range seqs {
 		require.Equal(t, uint32(i), q)
 	}
-	t.Logf("bursts of %d: %d sendmmsg calls, %d returned short", burst, *calls, *partial)
+	st.calls, st.partial = *calls, *partial
+	return st
 }
 
 func TestReadParksOnNetpoller(t *testing.T) {
