@@ -149,3 +149,16 @@ func TestTransparentConfig(t *testing.T) {
 		RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg}, MaxSessions: 5}}})
 	require.ErrorIs(t, err, ErrConfig, "session settings need transparent mode")
 }
+
+func TestTransparentDefaults(t *testing.T) {
+	// Zero settings mean the documented defaults: idle sessions expire
+	// after 2 minutes, and a worker's table holds DefaultMaxSessions.
+	require.Equal(t, 2*time.Minute, DefaultSessionIdle)
+	tp, _ := startTransparent(t, 1, nil)
+	// A round trip, so that Run has started before the test's Close.
+	require.Equal(t, 0, newClient(t).ask(tp.addr(), dtlsClientHello(1)))
+	for _, w := range tp.p.services[0].workers {
+		assert.Equal(t, DefaultMaxSessions, w.sessions.max)
+		assert.Equal(t, int64(DefaultSessionIdle), w.sessions.idle)
+	}
+}

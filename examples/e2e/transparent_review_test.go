@@ -24,10 +24,11 @@ import (
 	"github.com/cidroute/cidroute/udpio"
 )
 
-// These tests pin down defects of transparent.go found while proving
-// transparent mode: a Close racing the forward loop, a relay ended by an
-// ICMP error, replies from the wrong source address on a wildcard
+// These tests pin down defects of transparent.go found (and fixed) while
+// proving transparent mode: a Close racing the forward loop, a relay ended
+// by an ICMP error, replies from the wrong source address on a wildcard
 // listener, and replies capped below MaxDatagram.
+
 // transparentRecord is a DTLS tls12_cid record of size bytes whose CID
 // names ordinal.
 func transparentRecord(t testing.TB, ordinal uint8, size int) []byte {
@@ -137,12 +138,12 @@ func transparentClientSocket(t *testing.T) *net.UDPConn {
 // TestTransparentWildcardReplySource: a service listening on a wildcard
 // address (the usual way to serve a VIP) must answer from the address the
 // client sent to, as PPv2 mode does (worker.reverse sets Local to the
-// measured destination). The relay in transparent.go writes with
-// WriteToUDPAddrPort and no source, so the kernel picks one: a client that
-// sent to 127.0.0.5 gets its reply from 127.0.0.1, and a connected client
-// socket (OpenSSL's, libcoap's) or a NAT drops it.
+// measured destination). Without a source address (the defect) the
+// kernel picks one: a client that sent to 127.0.0.5 gets its reply from
+// 127.0.0.1, and a connected client socket (OpenSSL's, libcoap's) or a NAT
+// drops it. The relay sends through the service socket's batch writer with
+// Local set to the address the client used.
 func TestTransparentWildcardReplySource(t *testing.T) {
-
 	e := startTransparentEcho(t)
 	p := startTransparentPipeline(t, func(s *cidroute.Service) {
 		s.Listen = netip.MustParseAddrPort("0.0.0.0:0")
@@ -161,7 +162,6 @@ func TestTransparentWildcardReplySource(t *testing.T) {
 // Pipeline or make Close wait forever for its relay. Clients flood from
 // fresh addresses while Close runs.
 func TestTransparentCloseLeavesNoSessions(t *testing.T) {
-
 	e := startTransparentEcho(t)
 	ld := startTransparentFlood(t)
 	for i := range 20 {
@@ -260,14 +260,13 @@ func (f *transparentFlood) stop() {
 // administratively prohibited" (type 3 code 13, what a firewall's REJECT
 // sends; firewalld's default, code 10, acts the same) for an upstream
 // socket makes the socket's next read fail with EHOSTUNREACH: a hard error
-// on a connected UDP socket, unlike a plain host unreachable. relay treats only
-// ECONNREFUSED as transient and returns on anything else, but the session
-// stays in the table: the client's datagrams still reach the backend,
-// its replies are never read again, and the session never expires since
-// the client keeps it busy. The client is cut off for as long as it
-// keeps trying. Needs a raw socket (root or CAP_NET_RAW).
+// on a connected UDP socket, unlike a plain host unreachable. A relay that
+// returned on it (the defect) left its session in the table: the client's
+// datagrams still reached the backend, its replies were never read again,
+// and the session never expired since the client kept it busy. relay now
+// reads on after an errno (fewer than 64 in a row). Needs a raw socket (root
+// or CAP_NET_RAW).
 func TestTransparentRelaySurvivesICMP(t *testing.T) {
-
 	raw, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_ICMP)
 	if err != nil {
 		t.Skipf("raw ICMP socket: %v (needs CAP_NET_RAW)", err)
@@ -333,10 +332,11 @@ func transparentChecksum(b []byte) uint16 {
 
 // TestTransparentLargeReply: Config.MaxDatagram (default 9216) is "the
 // largest datagram accepted in either direction", and PPv2 mode relays a
-// 4000-byte reply; transparent mode drops every reply above its fixed
-// 2048-byte session buffer as malformed (transparent.go sessionBuffer),
-// although it forwarded the 4000-byte request. A DTLS server on a link
-// with a larger MTU (loopback, jumbo frames) sends such datagrams.
+// 4000-byte reply. Transparent mode once dropped every reply above a fixed
+// 2048-byte session buffer as malformed, although it forwarded the
+// 4000-byte request; each session's buffer is now MaxDatagram bytes. A
+// DTLS server on a link with a larger MTU (loopback, jumbo frames) sends
+// such datagrams.
 func TestTransparentLargeReply(t *testing.T) {
 	for _, transparent := range []bool{false, true} {
 		name := "ppv2"
@@ -346,7 +346,6 @@ func TestTransparentLargeReply(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var backend netip.AddrPort
 			if transparent {
-
 				backend = startTransparentEcho(t).addr()
 			} else {
 				b, err := ppecho.Listen(ppecho.Config{})
