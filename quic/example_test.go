@@ -61,3 +61,33 @@ func ExampleParseHeader() {
 	fmt.Printf("%v %#x scid=%x token=%q len=%d %v\n", h.Type, h.Version, h.SCID, h.Token, h.Len, err)
 	// Output: Retry 0x1 scid=f067a5502a4262b5 token="token" len=36 <nil>
 }
+
+// ParseHeader walks the coalesced packets of a datagram one at a time: each
+// Header says its packet's type, version and DCID, and Len is where the next
+// packet starts. (Classify does the same walk and sums it up.)
+func ExampleParseHeader_coalesced() {
+	dcid := []byte{0x83, 0x94, 0xc8, 0xf0, 0x3e, 0x51, 0x57, 0x08}
+	long := func(first byte, token bool) []byte {
+		p := append([]byte{first, 0, 0, 0, 1, byte(len(dcid))}, dcid...)
+		p = append(p, 0) // SCID length 0
+		if token {
+			p = append(p, 0) // Initial: token length 0
+		}
+		p = append(p, 0x40, 20) // Length 20: packet number and sealed payload
+		return append(p, make([]byte, 20)...)
+	}
+	b := append(long(0xc0, true), long(0xd0, false)...) // v1 Initial, then 0-RTT
+
+	for len(b) > 0 {
+		h, err := quic.ParseHeader(b, 12)
+		if err != nil {
+			fmt.Println("drop:", err)
+			return
+		}
+		fmt.Printf("%v %#x dcid=%x len=%d\n", h.Type, h.Version, h.DCID, h.Len)
+		b = b[h.Len:]
+	}
+	// Output:
+	// Initial 0x1 dcid=8394c8f03e515708 len=38
+	// 0-RTT 0x1 dcid=8394c8f03e515708 len=37
+}

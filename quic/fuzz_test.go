@@ -6,7 +6,10 @@ import (
 )
 
 // Seeds live in testdata/fuzz/<Name>/ (captured datagrams and RFC vectors);
-// go test runs them. Longer runs: see the package notes.
+// go test runs them. Longer runs, one target or all of them:
+//
+//	go test -run '^$' -fuzz '^FuzzClassify$' -fuzztime 10m ./quic
+//	bash .ci/fuzz 10m ./quic
 
 func FuzzParseHeader(f *testing.F) {
 	f.Add([]byte{0x41, 1, 2, 3, 4, 5, 6, 7, 8}, uint8(8))
