@@ -6,7 +6,6 @@ package piondtls
 // mid-session.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -277,7 +276,6 @@ func TestPionBehindPipeline(t *testing.T) {
 	replicas := []netip.AddrPort{startProxy(t, bs), startProxy(t, bs)}
 
 	const clients = 6
-	type result struct{ before, after, push string }
 	for i := range clients {
 		sc := newSwitchConn(t, replicas[i%2])
 		first := sc.local()
@@ -323,7 +321,6 @@ func TestPionBehindPipeline(t *testing.T) {
 		n, err := c.Read(buf)
 		require.NoError(t, err)
 		assert.Equal(t, "push", string(buf[:n]))
-		_ = result{}
 	}
 	var sessions int
 	for _, s := range srvs {
@@ -334,5 +331,4 @@ func TestPionBehindPipeline(t *testing.T) {
 		assert.Zero(t, bst.DroppedUntrusted+bst.DroppedBadHeader)
 	}
 	assert.Equal(t, clients, sessions, "one session per client, none re-created by the rebind")
-	_ = bytes.Equal
 }
