@@ -74,6 +74,9 @@ func FuzzRoute(f *testing.F) {
 	f.Add(quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200), []byte{1, 0, 1, 2, 1, 1}, uint16(3), true)
 	f.Add(quicLong(0, []byte{0, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, nil, 1200), []byte{2, 1, 1}, uint16(3), true)
 	f.Add(quicLong(2, []byte{0, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, []byte{1}, 0), []byte{2, 2, 1}, uint16(3), true)
+	// A Handshake packet whose DCID is not of the service's length: no
+	// server CID, so dropped (unknown_ordinal), never hashed.
+	f.Add(quicLong(2, []byte{2, 1, 2, 3, 4, 5, 6, 7}, []byte{1}, 0), []byte{2, 0, 1}, uint16(3), true)
 	f.Fuzz(func(t *testing.T, b, regBytes []byte, port uint16, isQUIC bool) {
 		reg := fuzzRegistry(t, regBytes)
 		proto := DTLS
@@ -118,9 +121,18 @@ func FuzzRoute(f *testing.F) {
 		}
 		ord, routable := r.codec.Ordinal(c.ID)
 		switch {
-		case c.Kind == KindEstablished && routable:
-			if d.Ordinal != ord {
+		case c.Kind == KindEstablished:
+			// Never by hash: to the ordinal its CID carries, or, the one
+			// exception, a CID of the service's length that the codec marks
+			// unroutable (QUIC-LB's 0b111, or a config rotation it does not
+			// have) by HRW over ready backends.
+			switch {
+			case len(c.ID) != r.codec.Len():
+				t.Fatalf("CID datagram with a %d-byte CID (the service's are %d) forwarded to %d", len(c.ID), r.codec.Len(), d.Ordinal)
+			case routable && d.Ordinal != ord:
 				t.Fatalf("CID datagram of ordinal %d went to %d", ord, d.Ordinal)
+			case !routable && be.State != registry.Ready:
+				t.Fatalf("unroutable CID datagram hashed to a %v backend", be.State)
 			}
 		case c.Kind == KindNew && len(c.ID) == r.codec.Len() && routable && d.Ordinal == ord:
 			// a server CID in an Initial: its own (serving) backend
