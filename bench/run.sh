@@ -2,9 +2,11 @@
 # The forwarding benchmark: cidproxy (1 and 2 workers), the raw-limit and
 # naive baselines and nginx's UDP stream proxy, side by side, on loopback.
 #
-#   bash bench/run.sh           # full run (≈ 12 min): bench/out/, then copied to bench/results/
-#   bash bench/run.sh -quick    # validation run (≈ 1 min): bench/out/ only
+#   bash bench/run.sh           # full run (≈ 10 min): bench/out/, then copied to bench/results/
+#   bash bench/run.sh -quick    # validation run (≈ 1.5 min): bench/out/ only
 #
+# A full run ends with 3 s CPU profiles of cidproxy (flat out and at
+# 50k/s), whose tops go beside the table; -profile 0 skips them.
 # Further flags go to the runner (go run ./bench/runner -h). The forwarder
 # is pinned to CPU 1, loadgen and the echo backends to CPU 0 (taskset).
 # Needs: Go, taskset (util-linux); nginx and libnginx-mod-stream for nginx.
@@ -13,6 +15,8 @@ cd "$(dirname "$0")/.."
 
 out=bench/out
 mkdir -p "$out/bin"
+# Profiles of an earlier run must not pass for this run's.
+rm -f "$out"/*.pprof "$out"/*.top.txt
 go build -o "$out/bin/" ./examples/loadgen ./examples/echo ./examples/cidproxy ./bench/rawfwd ./bench/naivefwd ./bench/runner
 "$out/bin/runner" -bin "$out/bin" -out "$out" -command "bash bench/run.sh $*" "$@"
 
@@ -29,6 +33,7 @@ quick=0
 for a in "$@"; do [ "$a" = -quick ] && quick=1; done
 if [ "$quick" = 0 ]; then
 	mkdir -p bench/results
+	rm -f bench/results/*.top.txt
 	cp "$out/table.md" "$out/results.json" "$out/chart.svg" "$out/chart.png" bench/results/
 	for t in "$out"/*.top.txt; do [ -e "$t" ] && cp "$t" bench/results/; done
 	echo "bench/run.sh: results in bench/results/"

@@ -76,7 +76,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	warm := fs.Duration("warmup", 0, "sending before each window (0 = 1s, 1.5s in the state test; 300ms, 700ms with -quick)")
 	fs.StringVar(&o.fwdCPU, "fwd-cpu", "1", "taskset CPU list of the forwarder (empty = no pinning)")
 	fs.StringVar(&o.genCPU, "gen-cpu", "0", "taskset CPU list of loadgen and the echo backends (empty = no pinning)")
-	fs.IntVar(&o.profileSecs, "profile", 0, "also capture a CPU profile of cidproxy-1w of this many seconds at flat out and at 50000/s")
+	profile := fs.Int("profile", -1, "also capture a CPU profile of cidproxy-1w of this many seconds at flat out and at 50000/s (default 3, or 0 with -quick; 0 = none)")
 	fs.StringVar(&o.nginx, "nginx", "nginx", "nginx binary")
 	fs.StringVar(&o.module, "nginx-stream-module", "/usr/lib/nginx/modules/ngx_stream_module.so", "ngx_stream_module.so")
 	command := fs.String("command", "", "the command line to print in the report (run.sh passes its own)")
@@ -87,6 +87,13 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	o.command = strings.TrimSpace(*command)
 	if o.command == "" {
 		o.command = strings.TrimSpace("go run ./bench/runner " + strings.Join(args, " "))
+	}
+	o.profileSecs = *profile
+	if o.profileSecs < 0 {
+		o.profileSecs = 3
+		if o.quick {
+			o.profileSecs = 0
+		}
 	}
 	o.reps = *reps
 	if o.reps == 0 {

@@ -76,6 +76,7 @@ func TestOptions(t *testing.T) {
 	assert.Equal(t, []uint64{25000, 50000, 0}, o.rates)
 	assert.Equal(t, "1s", o.timing.duration)
 	assert.Equal(t, "go run ./bench/runner -quick", o.command)
+	assert.Zero(t, o.profileSecs, "a quick run takes no profile")
 	o, err = parseOptions([]string{"-command", "bash bench/run.sh -quick", "-quick"}, &bytes.Buffer{})
 	require.NoError(t, err)
 	assert.Equal(t, "bash bench/run.sh -quick", o.command)
@@ -85,6 +86,10 @@ func TestOptions(t *testing.T) {
 	assert.Equal(t, 3, o.reps)
 	assert.Equal(t, []int{10, 1000, 10000}, o.clientCounts)
 	assert.Len(t, o.rateFwds, 5)
+	assert.Equal(t, 3, o.profileSecs, "a full run profiles cidproxy, so its results show where the CPU goes")
+	o, err = parseOptions([]string{"-profile", "0"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	assert.Zero(t, o.profileSecs)
 
 	_, err = parseOptions([]string{"-forwarders", "cidproxy-1w,nginx"}, &bytes.Buffer{})
 	assert.ErrorContains(t, err, "raw", "ratios need the raw-limit forwarder")
