@@ -110,7 +110,7 @@ func owner(srvs []*quicecho.Server, a netip.AddrPort) (*quicecho.Server, quicech
 	return nil, quicecho.Connection{}, false
 }
 
-// TestQUICMigration: quic-go connections through two replicas to three
+// TestQUICMigration: 50 quic-go connections through two replicas to three
 // quic-go backends issuing QUIC-LB CIDs with their ordinal. Mid-stream each
 // client migrates to a new local address that reaches the other replica;
 // the stream goes on with the same backend, which sees the client and the
@@ -126,7 +126,7 @@ func TestQUICMigration(t *testing.T) {
 	srvs, bs := quicBackends(t, 3, logs)
 	rs := startReplicas(t, 2, cidroute.QUIC, bs)
 
-	const conns = 6
+	const conns = 50
 	cs := make([]*quicClient, conns)
 	for i := range cs {
 		cs[i] = dialQUIC(t, ctx, rs[i%2].addr)
@@ -153,15 +153,16 @@ func TestQUICMigration(t *testing.T) {
 		assert.Equal(t, public, bc.Last.Service)
 		assert.GreaterOrEqual(t, bc.Moves, 1)
 	}
-	used := map[uint8]bool{}
+	perBackend := map[uint8]int{}
 	for _, s := range srvs {
 		st := s.Stats()
 		assert.Zero(t, st.AcceptedDirect+st.DroppedUntrusted+st.DroppedBadHeader, "backend %d", s.Ordinal())
-		if len(s.Connections()) > 0 {
-			used[s.Ordinal()] = true
+		if n := len(s.Connections()); n > 0 {
+			perBackend[s.Ordinal()] = n
 		}
 	}
-	t.Logf("backends with connections: %v", used)
+	t.Logf("connections per backend: %v", perBackend)
+	require.Len(t, perBackend, 3, "HRW spreads 50 connections over all three backends")
 	f := forward(rs)
 	assert.Zero(t, f.DroppedTotal(), "no forward drops: %v", dropList(&f))
 	out := logs.String()
