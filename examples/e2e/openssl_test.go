@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/hex"
+	"fmt"
+	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +21,7 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/examples/internal/proxyapp"
 	"github.com/cidroute/cidroute/internal/testtool"
 )
 
@@ -91,41 +96,9 @@ func TestOpenSSLThroughProxy(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, openssl, "s_client", "-dtls1_2", "-quiet",
-		"-connect", rl.in.LocalAddr().String(),
-		"-psk", hex.EncodeToString(testPSK), "-psk_identity", "openssl",
-		"-cipher", "PSK-AES128-CCM8")
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		cancel()
-		stdin.Close()
-		cmd.Wait()
-	})
-	lines := make(chan string, 16)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-
-	// s_client reads stdin only once the handshake is done; what it
-	// sends then is one application record, echoed by the backend.
-	_, err = stdin.Write([]byte("hello from openssl\n"))
-	require.NoError(t, err)
-	var reply string
-	select {
-	case reply = <-lines:
-	case <-ctx.Done():
-		t.Fatalf("no echo; s_client said: %s\nbackend logs: %s", stderr.String(), logs.String())
-	}
+	// What s_client sends after the handshake is one application record,
+	// echoed by the backend.
+	reply := sClient(t, ctx, openssl, rl.in.LocalAddr().(*net.UDPAddr).AddrPort(), "hello from openssl")
 	ord, msg, ok := strings.Cut(reply, "|")
 	require.True(t, ok, "reply %q", reply)
 	assert.Equal(t, "hello from openssl", msg)
@@ -150,4 +123,87 @@ func TestOpenSSLThroughProxy(t *testing.T) {
 	assert.Equal(t, client, ss[0].First.Client, "claimed client")
 	assert.Same(t, rs[0], replicaOf(rs, ss[0].First.Proxy), "measured proxy")
 	assert.Contains(t, logs.String(), "cipher_suite=TLS_PSK_WITH_AES_128_CCM_8")
+}
+
+// sClient runs OpenSSL's DTLS 1.2 PSK client against addr, writes line once
+// the handshake is done and returns the first line it prints.
+func sClient(t *testing.T, ctx context.Context, openssl string, addr netip.AddrPort, line string) string {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, openssl, "s_client", "-dtls1_2", "-quiet",
+		"-connect", addr.String(),
+		"-psk", hex.EncodeToString(testPSK), "-psk_identity", "openssl",
+		"-cipher", "PSK-AES128-CCM8")
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	// s_client reads stdin only once the handshake is done.
+	_, err = io.WriteString(stdin, line+"\n")
+	require.NoError(t, err)
+	select {
+	case reply := <-lines:
+		return reply
+	case <-ctx.Done():
+		t.Fatalf("no echo; s_client said: %s", stderr.String())
+		return ""
+	}
+}
+
+// TestOpenSSLThroughCidproxy: the same client through the cidproxy program
+// itself (its JSON configuration, proxyapp.Run) rather than a bare
+// Pipeline, to a pion backend that refuses direct ClientHellos. The backend
+// logs the client address the proxy claims and the proxy address it
+// measured, apart.
+func TestOpenSSLThroughCidproxy(t *testing.T) {
+	openssl := testtool.Look(t, "openssl", "openssl")
+	logs := &syncBuffer{}
+	srv := dtlsBackend(t, 0, logs)
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testtool.FreePort(t, "udp"))
+	cfg := filepath.Join(t.TempDir(), "cidproxy.json")
+	require.NoError(t, os.WriteFile(cfg, fmt.Appendf(nil, `{"hrw_seed": %d, "services": [
+		{"name": "coaps", "protocol": "dtls", "listen": "%v", "workers": 1,
+		 "backends": [{"ordinal": 0, "address": "%v"}]}]}`, hrwSeed, listen, srv.Addr()), 0o600))
+
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	var proxyLogs syncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- proxyapp.Run(ctx, []string{"-config", cfg}, io.Discard, &proxyLogs, proxyapp.Options{})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		assert.Equal(t, 0, <-code, "cidproxy exit code")
+		if t.Failed() {
+			t.Logf("cidproxy log:\n%s\nbackend log:\n%s", proxyLogs.String(), logs.String())
+		}
+	})
+
+	// s_client resends its ClientHello until cidproxy's socket is up.
+	assert.Equal(t, "0|hello via cidproxy", sClient(t, ctx, openssl, listen, "hello via cidproxy"))
+	ss := srv.Sessions()
+	require.Len(t, ss, 1)
+	s := ss[0]
+	assert.True(t, s.First.Proxied(), "came through cidproxy")
+	assert.Equal(t, listen, s.First.Service, "PPv2 destination: the service address")
+	assert.NotEqual(t, s.First.Client, s.First.Proxy)
+	st, _ := srv.Stats()
+	assert.Zero(t, st.AcceptedDirect)
+	assert.Contains(t, logs.String(), fmt.Sprintf(`msg="session started" ordinal=0 session=1 client=%v proxy=%v service=%v cipher_suite=TLS_PSK_WITH_AES_128_CCM_8`,
+		s.First.Client, s.First.Proxy, listen))
 }
