@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -327,15 +328,10 @@ func TestPartialSendsUnderBackpressure(t *testing.T) {
 		assert.LessOrEqual(t, st.wouldBlock, 2*st.calls+10, "sendmmsg attempts that would block")
 		return
 	}
-	var tools []string
-	for _, tool := range []string{"unshare", "ip", "tc"} {
-		p, err := exec.LookPath(tool)
-		if err != nil {
-			t.Skipf("%s not found (util-linux, iproute2): needed to shape loopback in a private network namespace", tool)
-		}
-		tools = append(tools, p)
-	}
-	cmd := exec.Command(tools[0], "--net", "--map-root-user", "sh", "-c", shapedSetup,
+	unshare := testtool.Look(t, "util-linux", "unshare")
+	testtool.Look(t, "iproute2", "ip")
+	testtool.Look(t, "iproute2", "tc")
+	cmd := exec.Command(unshare, "--net", "--map-root-user", "sh", "-c", shapedSetup,
 		os.Args[0], "-test.run=^TestPartialSendsUnderBackpressure$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), shapedEnv+"=1")
 	out, err := cmd.CombinedOutput()
