@@ -18,7 +18,10 @@ import (
 var ErrNoOrdinal = errors.New("backendcfg: no usable ordinal")
 
 // FromHostname returns the number after the last '-' of a pod name:
-// "ds-2" → 2. Any domain part ("ds-2.dtls-backend.ns.svc") is ignored.
+// "ds-2" → 2. Any domain part ("ds-2.dtls-backend.ns.svc") is ignored. A
+// suffix with a leading zero ("ds-01") is refused, as the proxies'
+// Kubernetes source refuses it: a backend must never claim an ordinal the
+// proxies do not route to it.
 func FromHostname(name string) (uint8, error) {
 	name, _, _ = strings.Cut(name, ".")
 	i := strings.LastIndexByte(name, '-')
@@ -30,7 +33,7 @@ func FromHostname(name string) (uint8, error) {
 
 func parse(s, what string) (uint8, error) {
 	n, err := strconv.Atoi(s)
-	if s == "" || strings.Trim(s, "0123456789") != "" {
+	if s == "" || strings.Trim(s, "0123456789") != "" || len(s) > 1 && s[0] == '0' {
 		err = strconv.ErrSyntax
 	}
 	if err != nil || n < 0 || n > 254 {

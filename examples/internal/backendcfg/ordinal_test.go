@@ -20,7 +20,8 @@ func TestFromHostname(t *testing.T) {
 		{"ds", 0, false},
 		{"ds-x", 0, false},
 		{"ds-+1", 0, false},
-		{"ds-01", 1, true},
+		{"ds-01", 0, false}, // registry/kubernetes skips it too
+		{"ds-00", 0, false},
 	} {
 		got, err := FromHostname(tt.in)
 		if tt.ok != (err == nil) || got != tt.want {
