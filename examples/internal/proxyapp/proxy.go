@@ -61,7 +61,7 @@ func newProxy(cfg *config, log *slog.Logger, opts Options) (*proxy, error) {
 			}
 			if ps.source, err = opts.Kubernetes(*sc.Kubernetes, log.With("service", sc.Name)); err != nil {
 				p.close()
-				return nil, fmt.Errorf("service %q: kubernetes: %w", sc.Name, err)
+				return nil, fmt.Errorf("service %q: %w", sc.Name, err)
 			}
 		case sc.BackendsFile != "":
 			ps.file = &registry.File{Path: sc.BackendsFile, Logger: log.With("service", sc.Name)}
