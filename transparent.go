@@ -22,7 +22,9 @@ import (
 // full, datagrams of new client addresses are dropped (SessionLimit) rather
 // than evicting a live session: under a flood of spoofed sources, eviction
 // would cut established sessions, refusal only delays new ones until idle
-// entries expire.
+// entries expire. A CID client that rebinds is a new address too, so a full
+// table also holds it back until an entry expires; size MaxSessions for the
+// clients plus their rebinds within SessionIdle.
 
 // Transparent-mode defaults.
 const (

@@ -52,7 +52,23 @@ func TestBinary(t *testing.T) {
 	// A second service reads its backends from a file, to show the file
 	// source in the registry gauges.
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "quic-backends.json"), []byte(`[{"ordinal": 0, "address": "127.0.0.1:9"}]`), 0o644))
+	// A third service in transparent mode, in front of a plain echo, shows
+	// its session gauge.
+	plainEcho, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
+	require.NoError(t, err)
+	t.Cleanup(func() { plainEcho.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := plainEcho.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			plainEcho.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
 	service := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t, "udp"))
+	plain := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t, "udp"))
 	quicPort := freePort(t, "udp")
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t, "tcp"))
 	cfg := fmt.Sprintf(`{
@@ -60,9 +76,10 @@ func TestBinary(t *testing.T) {
   "metrics_listen": %q,
   "services": [
     {"name": "coaps", "protocol": "dtls", "listen": "%v", "workers": 2, "backends": [%s]},
-    {"name": "h3", "protocol": "quic", "listen": "127.0.0.1:%d", "workers": 1, "backends_file": "quic-backends.json", "max_registry_age": "1h"}
+    {"name": "h3", "protocol": "quic", "listen": "127.0.0.1:%d", "workers": 1, "backends_file": "quic-backends.json", "max_registry_age": "1h"},
+    {"name": "plain", "protocol": "dtls", "listen": "%v", "workers": 1, "proxy_protocol": false, "backends": [{"ordinal": 0, "address": "%v"}]}
   ]
-}`, metrics, service, strings.Join(list, ", "), quicPort)
+}`, metrics, service, strings.Join(list, ", "), quicPort, plain, plainEcho.LocalAddr())
 	cfgPath := filepath.Join(dir, "cidproxy.json")
 	require.NoError(t, os.WriteFile(cfgPath, []byte(cfg), 0o644))
 
@@ -178,6 +195,29 @@ func TestBinary(t *testing.T) {
 	require.Equal(t, float64(0), m[`cidroute_registry_rejected_updates_total{service="h3"}`])
 	require.Contains(t, m, `cidroute_registry_snapshot_age_seconds{service="h3"}`)
 	require.Contains(t, m, `go_goroutines`)
+
+	// Transparent mode: one session, and one upstream socket, per client
+	// address; PPv2 mode keeps none.
+	const plainClients = 3
+	for i := range plainClients {
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
+		require.NoError(t, err)
+		msg := dtlsrec.AppendClientHello(nil, uint64(i), []byte("plain"))
+		_, err = c.WriteToUDPAddrPort(msg, plain)
+		require.NoError(t, err)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 2048)
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		c.Close()
+		require.NoError(t, err, "transparent echo")
+		require.Equal(t, plain, from)
+		require.Equal(t, msg, buf[:n], "forwarded unchanged")
+	}
+	waitFor(t, 5*time.Second, "transparent sessions gauge", func() bool {
+		m = scrape()
+		return m[`cidroute_sessions{service="plain"}`] == plainClients
+	})
+	require.Equal(t, float64(0), m[`cidroute_sessions{service="coaps"}`])
 
 	resp, err := http.Get("http://" + metrics + "/debug/pprof/")
 	require.NoError(t, err)
