@@ -317,7 +317,7 @@ func TestPartialSendsUnderBackpressure(t *testing.T) {
 	// read during the burst and a loopback that drains the send buffer
 	// slowly. The kernel returns short, the next call would block and parks
 	// on the netpoller until the qdisc has sent some, and WriteBatch goes on
-	// from the first unsent datagram: all arrive once, in order.
+	// from the first unsent datagram: every datagram arrives exactly once.
 	if os.Getenv(shapedEnv) == "1" {
 		st := blastTinySendBuffer(t)
 		t.Logf("%d sendmmsg calls, %d returned short, %d would-blocks", st.calls, st.partial, st.wouldBlock)
@@ -348,7 +348,7 @@ type blastStats struct{ calls, partial, wouldBlock int }
 // blastTinySendBuffer sends 2000 numbered datagrams in bursts that fit the
 // receiver's buffer, from a socket with the smallest send buffer, reading
 // only after each burst's WriteBatch has returned, and checks that every
-// datagram arrived once and in order.
+// datagram arrived exactly once.
 func blastTinySendBuffer(t *testing.T) blastStats {
 	const total, size = 2000, 200
 	rc := listen(t, "udp4", "127.0.0.1:0", ListenConfig{RecvBuffer: 8 << 20})
@@ -387,9 +387,26 @@ func blastTinySendBuffer(t *testing.T) blastStats {
 			seqs = append(seqs, binary.BigEndian.Uint32(m.Buf))
 		}
 	}
+	// Each datagram exactly once. Not necessarily in order: behind the
+	// shaped qdisc the kernel sends some from the sender's CPU and some from
+	// the qdisc's timer on another, and loopback queues them per CPU, so
+	// neighbours can swap (seen 1 run in ~10 under -race). A resend from the
+	// wrong datagram would show as a duplicate and a gap.
 	require.Len(t, seqs, total)
+	seen := make([]int, total)
+	swapped := 0
 	for i, q := range seqs {
-		require.Equal(t, uint32(i), q)
+		require.Less(t, q, uint32(total), "sequence number")
+		seen[q]++
+		if q != uint32(i) {
+			swapped++
+		}
+	}
+	for q, n := range seen {
+		require.Equal(t, 1, n, "datagram %d received %d times", q, n)
+	}
+	if swapped > 0 {
+		t.Logf("%d datagrams arrived out of place (kernel reordering), none lost or duplicated", swapped)
 	}
 	st.calls, st.partial = *calls, *partial
 	return st
