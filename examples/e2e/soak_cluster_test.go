@@ -87,6 +87,9 @@ type soakCluster struct {
 	quicList []registry.Backend
 	rogue    *net.UDPConn
 	closed   bool
+
+	before soakMem   // the process before the cluster started (soakStart)
+	begin  time.Time // when the scenario began
 }
 
 type soakReplica struct {

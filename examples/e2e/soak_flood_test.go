@@ -320,15 +320,11 @@ func (c *soakQUICClient) drive(stop <-chan struct{}, wg *sync.WaitGroup) {
 // untrusted_sender, bad_proxy_header and bad_destination. Legitimate
 // traffic loses nothing and no spoofed reply reaches anyone.
 func soakFloods(t *testing.T, sc soakScale) soakRow {
-	before, begin := soakMeasure(), time.Now()
 	row := soakRow{Scenario: "6. floods and spoofed replies", Clients: sc.Clients, LossBound: "0 messages; datagrams ≤ kernel socket-buffer overflows"}
 	dtlsLimits := cidroute.Limits{PerSourcePPS: 2000, HandshakePPS: 100}
 	quicLimits := cidroute.Limits{PerSourcePPS: 2000, HandshakePPS: 100, ZeroRTTPPS: 100}
-	cl := newSoakCluster(t, soakOpts{Backends: 3, Limits: dtlsLimits, QUIC: true, QUICLimits: quicLimits, Rogue: true, RecvBuffer: 4 << 20})
+	cl, cs := soakStart(t, soakOpts{Backends: 3, Limits: dtlsLimits, QUIC: true, QUICLimits: quicLimits, Rogue: true, RecvBuffer: 4 << 20}, sc.Clients)
 	rs := cl.live()
-	cs, redials := soakDialMany(t, 0, sc.Clients, rs[0].addr, rs[1].addr)
-	t.Cleanup(func() { soakCloseAll(cs) })
-	require.Zero(t, redials)
 	qs := []*soakQUICClient{soakDialQUIC(t, rs[0].qaddr), soakDialQUIC(t, rs[1].qaddr)}
 	hello := soakCaptureHello(t)
 	victim, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -538,7 +534,7 @@ func soakFloods(t *testing.T, sc soakScale) soakRow {
 		q.close()
 	}
 	victim.Close()
-	cl.finish(t, &row, begin, before, cs)
+	cl.finish(t, &row, cs)
 	return row
 }
 
@@ -563,14 +559,10 @@ func soakQUICWritten(cl *soakCluster) uint64 {
 // sources leave the legitimate clients' throughput within 75% of the
 // no-flood baseline, and forward no more than the limits' budget.
 func soakRateLimits(t *testing.T, sc soakScale) soakRow {
-	before, begin := soakMeasure(), time.Now()
 	row := soakRow{Scenario: "7. rate limits under flood", Clients: sc.Clients, LossBound: "0 messages; datagrams ≤ kernel socket-buffer overflows; throughput ≥ 75% of baseline"}
 	limits := cidroute.Limits{PerSourcePPS: 400, HandshakePPS: 50}
-	cl := newSoakCluster(t, soakOpts{Backends: 3, Limits: limits, RecvBuffer: 4 << 20})
+	cl, cs := soakStart(t, soakOpts{Backends: 3, Limits: limits, RecvBuffer: 4 << 20}, sc.Clients)
 	rs := cl.live()
-	cs, redials := soakDialMany(t, 0, sc.Clients, rs[0].addr, rs[1].addr)
-	t.Cleanup(func() { soakCloseAll(cs) })
-	require.Zero(t, redials)
 	hello := soakCaptureHello(t)
 	// Each client asks once per period: throughput is the clients' rate as
 	// long as round trips stay shorter than the period, whatever the
@@ -642,6 +634,6 @@ func soakRateLimits(t *testing.T, sc soakScale) soakRow {
 		sc.Clients, period, helloSrcs, cidSrcs, 2*sc.FloodPPS, limits.PerSourcePPS, limits.HandshakePPS)
 	row.Notes = fmt.Sprintf("legitimate throughput %.0f msg/s under flood vs %.0f msg/s baseline (%.0f%%); %d flood datagrams sent, %d refused as rate_limited, %d forwarded (budget %.0f); backends dropped %d forwarded flood records for want of a session; socket-buffer overflows counted by the kernel at the cluster's sockets: %v",
 		floodRate, baseRate, 100*floodRate/baseRate, floodSent, d.Fwd.Dropped[cidroute.RateLimited], floodFwd, budget, dm.NoSession, overflows)
-	cl.finish(t, &row, begin, before, cs)
+	cl.finish(t, &row, cs)
 	return row
 }

@@ -142,9 +142,23 @@ func soakTable(sc soakScale, rows []soakRow) string {
 	return b.String()
 }
 
+// soakStart begins a scenario: it measures the process (for finish's
+// before/after comparison), starts a cluster and handshakes n clients
+// through its two replicas in turn, each on its first attempt.
+func soakStart(t *testing.T, o soakOpts, n int) (*soakCluster, []*soakClient) {
+	t.Helper()
+	before, begin := soakMeasure(), time.Now()
+	cl := newSoakCluster(t, o)
+	cl.before, cl.begin = before, begin
+	cs, redials := soakDialMany(t, 0, n, cl.replicas[0].addr, cl.replicas[1].addr)
+	t.Cleanup(func() { soakCloseAll(cs) })
+	require.Zero(t, redials)
+	return cl, cs
+}
+
 // finish closes the cluster, waits for the process to settle and fills in
 // the row's counters.
-func (cl *soakCluster) finish(t *testing.T, row *soakRow, begin time.Time, before soakMem, clients ...[]*soakClient) {
+func (cl *soakCluster) finish(t *testing.T, row *soakRow, clients ...[]*soakClient) {
 	t.Helper()
 	soakCloseAll(clients...)
 	for _, list := range clients {
@@ -168,10 +182,10 @@ func (cl *soakCluster) finish(t *testing.T, row *soakRow, begin time.Time, befor
 		}
 	}
 	row.Sessions = dm.NewSessions
-	row.Elapsed = time.Since(begin)
+	row.Elapsed = time.Since(cl.begin)
 	cl.release()
-	row.Before = before
-	row.After = soakSettle(t, before)
+	row.Before = cl.before
+	row.After = soakSettle(t, cl.before)
 }
 
 // soakIdentity holds the replicas' counters against what the clients and
@@ -198,14 +212,10 @@ func (cl *soakCluster) soakIdentity(t *testing.T, tally soakTally, extra uint64)
 // none of them — and they handshake again; every other client goes on
 // without losing a datagram, and the proxies drop nothing.
 func soakBackendRestart(t *testing.T, sc soakScale) soakRow {
-	before, begin := soakMeasure(), time.Now()
 	row := soakRow{Scenario: "1. backend killed and restarted", Clients: sc.Clients,
 		LossBound: "0 for sessions of other backends"}
-	cl := newSoakCluster(t, soakOpts{Backends: 3})
+	cl, cs := soakStart(t, soakOpts{Backends: 3}, sc.Clients)
 	rs := cl.replicas
-	cs, redials := soakDialMany(t, 0, sc.Clients, rs[0].addr, rs[1].addr)
-	t.Cleanup(func() { soakCloseAll(cs) })
-	require.Zero(t, redials)
 	count := map[int]int{}
 	for _, c := range cs {
 		require.NoError(t, c.ask())
@@ -320,7 +330,7 @@ func soakBackendRestart(t *testing.T, sc soakScale) soakRow {
 	row.Load = fmt.Sprintf("%d sessions over 3 backends; backend %d (%d sessions) killed, restarted on its address %v later", sc.Clients, victim, len(victims), sc.Phase)
 	row.Notes = fmt.Sprintf("the %d killed sessions failed as expected (not counted in failed/lost); their %d old-CID records after the restart reached the new process and were dropped there (no session), none answered; re-handshakes landed on %v",
 		len(victims), sent1-sent0, landed)
-	cl.finish(t, &row, begin, before, others, fresh)
+	cl.finish(t, &row, others, fresh)
 	return row
 }
 
@@ -329,13 +339,9 @@ func soakBackendRestart(t *testing.T, sc soakScale) soakRow {
 // (0's included) lose nothing. Then 0's clients end their sessions, 0 is
 // removed, and a record for its CID is dropped as unknown_ordinal.
 func soakScaleOut(t *testing.T, sc soakScale) soakRow {
-	before, begin := soakMeasure(), time.Now()
 	row := soakRow{Scenario: "2. backend added, one drained and removed", Clients: sc.Clients, LossBound: "0"}
-	cl := newSoakCluster(t, soakOpts{Backends: 3})
+	cl, cs := soakStart(t, soakOpts{Backends: 3}, sc.Clients)
 	rs := cl.replicas
-	cs, redials := soakDialMany(t, 0, sc.Clients, rs[0].addr, rs[1].addr)
-	t.Cleanup(func() { soakCloseAll(cs) })
-	require.Zero(t, redials)
 	var onZero, rest []*soakClient
 	for _, c := range cs {
 		require.NoError(t, c.ask())
@@ -423,7 +429,7 @@ func soakScaleOut(t *testing.T, sc soakScale) soakRow {
 	row.Tally, row.Failed, row.Lost = all, all.Failed, all.Lost()
 	row.Load = fmt.Sprintf("%d sessions over 3 backends, then backend 3 added and 0 (%d sessions) drained, %d new sessions, then 0 removed", sc.Clients, len(onZero), len(fresh))
 	row.Notes = fmt.Sprintf("new sessions after the change landed on %v (none on the draining 0); %d records for the removed backend's CID dropped as unknown_ordinal", landed, probes)
-	cl.finish(t, &row, begin, before, cs, fresh)
+	cl.finish(t, &row, cs, fresh)
 	return row
 }
 
@@ -432,14 +438,10 @@ func soakScaleOut(t *testing.T, sc soakScale) soakRow {
 // and routes them by CID all the same. A comes back on its port and takes
 // half the clients again. No session is re-created: the tier is stateless.
 func soakReplicaRestart(t *testing.T, sc soakScale) soakRow {
-	before, begin := soakMeasure(), time.Now()
 	row := soakRow{Scenario: "3. proxy replica killed and restarted", Clients: sc.Clients,
 		LossBound: "≤ 1 per client of the killed replica (in flight at the kill), 0 messages"}
-	cl := newSoakCluster(t, soakOpts{Backends: 3})
+	cl, cs := soakStart(t, soakOpts{Backends: 3}, sc.Clients)
 	a, b := cl.replicas[0].addr, cl.replicas[1].addr
-	cs, redials := soakDialMany(t, 0, sc.Clients, a, b)
-	t.Cleanup(func() { soakCloseAll(cs) })
-	require.Zero(t, redials)
 	for _, c := range cs {
 		require.NoError(t, c.ask())
 	}
@@ -481,7 +483,7 @@ func soakReplicaRestart(t *testing.T, sc soakScale) soakRow {
 	row.Tally, row.Failed, row.Lost = all, all.Failed, all.Lost()
 	row.Load = fmt.Sprintf("%d sessions; replica A (%d clients) stopped, its clients moved to B on the same source port; A restarted on its port and half the clients moved back", sc.Clients, onA)
 	row.Notes = fmt.Sprintf("no session re-created (%d accepted before and after); every incarnation's counters balance", dm1.NewSessions)
-	cl.finish(t, &row, begin, before, cs)
+	cl.finish(t, &row, cs)
 	return row
 }
 
@@ -491,13 +493,9 @@ func soakReplicaRestart(t *testing.T, sc soakScale) soakRow {
 // (stale_registry) while established sessions lose nothing; a good file,
 // or the source running again, brings it back.
 func soakRegistryFailure(t *testing.T, sc soakScale) soakRow {
-	before, begin := soakMeasure(), time.Now()
 	row := soakRow{Scenario: "4. registry source failing", Clients: sc.Clients, LossBound: "0 established; new handshakes refused while stale"}
-	cl := newSoakCluster(t, soakOpts{Backends: 3, MaxAge: 500 * time.Millisecond})
+	cl, cs := soakStart(t, soakOpts{Backends: 3, MaxAge: 500 * time.Millisecond}, sc.Clients)
 	rs := cl.replicas
-	cs, redials := soakDialMany(t, 0, sc.Clients, rs[0].addr, rs[1].addr)
-	t.Cleanup(func() { soakCloseAll(cs) })
-	require.Zero(t, redials)
 	hello := soakCaptureHello(t)
 	drv := soakDrive(cs, sc.Pause, nil)
 	t.Cleanup(drv.Stop)
@@ -563,7 +561,7 @@ func soakRegistryFailure(t *testing.T, sc soakScale) soakRow {
 	row.Tally, row.Failed, row.Lost = all, all.Failed, all.Lost()
 	row.Load = fmt.Sprintf("%d sessions; MaxAge 500 ms; file made invalid (duplicate ordinal) then fixed; file garbled and sources stopped, then restarted", sc.Clients)
 	row.Notes = fmt.Sprintf("previous snapshot kept through both failures; %d new handshakes tried while stale, all dropped as stale_registry; after recovery handshakes succeed", probes)
-	cl.finish(t, &row, begin, before, cs)
+	cl.finish(t, &row, cs)
 	return row
 }
 
@@ -605,14 +603,10 @@ func soakProbe(t *testing.T, to netip.AddrPort, b []byte, wait time.Duration) bo
 // message fails, no session is re-created, and the only datagrams lost
 // are echoes pion still writes to the old address right after a move.
 func soakRebindingStorm(t *testing.T, sc soakScale) soakRow {
-	before, begin := soakMeasure(), time.Now()
 	row := soakRow{Scenario: "5. NAT rebinding storm", Clients: sc.Clients,
 		LossBound: "0 messages; ≤ 1 echo per rebinding"}
-	cl := newSoakCluster(t, soakOpts{Backends: 3})
+	cl, cs := soakStart(t, soakOpts{Backends: 3}, sc.Clients)
 	rs := cl.replicas
-	cs, redials := soakDialMany(t, 0, sc.Clients, rs[0].addr, rs[1].addr)
-	t.Cleanup(func() { soakCloseAll(cs) })
-	require.Zero(t, redials)
 	_, dm0 := cl.backendStats()
 	other := func(to netip.AddrPort) netip.AddrPort {
 		if to == rs[0].addr {
@@ -652,7 +646,7 @@ func soakRebindingStorm(t *testing.T, sc soakScale) soakRow {
 	row.Tally, row.Failed, row.Lost = all, all.Failed, all.Lost()
 	row.Load = fmt.Sprintf("%d sessions, each moving to a new source port and the other replica every 3 messages", sc.Clients)
 	row.Notes = fmt.Sprintf("%d rebindings, %d moves seen by the backends, no session re-created; lost datagrams are echoes written to the old address before pion moved the session's peer", all.Rebinds, moves)
-	cl.finish(t, &row, begin, before, cs)
+	cl.finish(t, &row, cs)
 	return row
 }
 
