@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cidroute/cidroute/bench/internal/testecho"
+	"github.com/cidroute/cidroute/internal/testecho"
 )
 
 func TestSessions(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cidroute/cidroute/bench/internal/testecho"
+	"github.com/cidroute/cidroute/internal/testecho"
 	"github.com/cidroute/cidroute/ppv2"
 )
 

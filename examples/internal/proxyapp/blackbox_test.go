@@ -22,6 +22,7 @@ import (
 	"github.com/cidroute/cidroute/examples/internal/ppecho"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/internal/testecho"
 	"github.com/cidroute/cidroute/internal/testtool"
 )
 
@@ -54,19 +55,7 @@ func TestBinary(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "quic-backends.json"), []byte(`[{"ordinal": 0, "address": "127.0.0.1:9"}]`), 0o644))
 	// A third service in transparent mode, in front of a plain echo, shows
 	// its session gauge.
-	plainEcho, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
-	require.NoError(t, err)
-	t.Cleanup(func() { plainEcho.Close() })
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := plainEcho.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			plainEcho.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
+	plainEcho := testecho.Plain(t)
 	service := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t, "udp"))
 	plain := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t, "udp"))
 	quicPort := freePort(t, "udp")
@@ -79,7 +68,7 @@ func TestBinary(t *testing.T) {
     {"name": "h3", "protocol": "quic", "listen": "127.0.0.1:%d", "workers": 1, "backends_file": "quic-backends.json", "max_registry_age": "1h"},
     {"name": "plain", "protocol": "dtls", "listen": "%v", "workers": 1, "proxy_protocol": false, "backends": [{"ordinal": 0, "address": "%v"}]}
   ]
-}`, metrics, service, strings.Join(list, ", "), quicPort, plain, plainEcho.LocalAddr())
+}`, metrics, service, strings.Join(list, ", "), quicPort, plain, plainEcho)
 	cfgPath := filepath.Join(dir, "cidproxy.json")
 	require.NoError(t, os.WriteFile(cfgPath, []byte(cfg), 0o644))
 

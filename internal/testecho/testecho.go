@@ -1,6 +1,6 @@
-// Package testecho is the echo backend of the baseline forwarders' tests:
-// examples/echo in miniature, on one loopback socket, stopped when the test
-// ends.
+// Package testecho is an echo backend for tests of forwarders (the
+// benchmark's baselines, cidproxy): examples/echo in miniature, on one
+// loopback socket, stopped when the test ends.
 package testecho
 
 import (
