@@ -11,6 +11,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.hex and the fuzz seed corpora from live captures")
@@ -55,13 +57,7 @@ func readHex(t testing.TB, name string) []byte {
 	if err != nil {
 		t.Fatalf("%v (capture it with: go test -run Live -update ./dtls)", err)
 	}
-	var sb strings.Builder
-	for line := range strings.Lines(string(raw)) {
-		if !strings.HasPrefix(line, "#") {
-			sb.WriteString(line)
-		}
-	}
-	return unhex(sb.String())
+	return testtool.Hex(t, string(raw))
 }
 
 // writeHex writes a golden datagram with one record per line, so that a

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
 const goldenOrdinal = 3 // the quicgo_* captures used LB{} with ordinal 3
@@ -39,7 +41,7 @@ func checkClass(t *testing.T, c Class, w classWant) {
 
 // Real datagrams: the RFC vectors and quic-go captures in testdata.
 func TestClassifyGolden(t *testing.T) {
-	rfcDCID := mustHex(t, "8394c8f03e515708")
+	rfcDCID := testtool.Hex(t, "8394c8f03e515708")
 	initial1 := readHex(t, "quicgo_initial_1")
 	first, err := ParseHeader(initial1, 12)
 	if err != nil {

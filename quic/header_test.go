@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
 func TestParseHeaderRFC(t *testing.T) {
 	empty := []byte{}
-	srvCID := mustHex(t, "f067a5502a4262b5")
+	srvCID := testtool.Hex(t, "f067a5502a4262b5")
 	tests := []struct {
 		file  string
 		typ   PacketType
@@ -19,8 +21,8 @@ func TestParseHeaderRFC(t *testing.T) {
 		len   int
 	}{
 		// 0x449e = Length 1182 in a 2-byte varint, after an 18-byte header.
-		{"rfc9001_client_initial", Initial, Version1, mustHex(t, "8394c8f03e515708"), empty, empty, 1200},
-		{"rfc9369_client_initial", Initial, Version2, mustHex(t, "8394c8f03e515708"), empty, empty, 1200},
+		{"rfc9001_client_initial", Initial, Version1, testtool.Hex(t, "8394c8f03e515708"), empty, empty, 1200},
+		{"rfc9369_client_initial", Initial, Version2, testtool.Hex(t, "8394c8f03e515708"), empty, empty, 1200},
 		{"rfc9001_server_initial", Initial, Version1, empty, srvCID, empty, 135},
 		{"rfc9369_server_initial", Initial, Version2, empty, srvCID, empty, 135},
 		{"rfc9001_retry", Retry, Version1, empty, srvCID, []byte("token"), 36},

@@ -2,38 +2,16 @@ package quic
 
 import (
 	"bytes"
-	"encoding/hex"
-	"os"
 	"path/filepath"
-	"strings"
 	"testing"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
-// readHex reads testdata/<name>.hex: hex digits, whitespace ignored, lines
-// starting with '#' are comments.
+// readHex reads testdata/<name>.hex (see testtool.Hex for the format).
 func readHex(t testing.TB, name string) []byte {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("testdata", name+".hex"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mustHex(t, string(raw))
-}
-
-func mustHex(t testing.TB, s string) []byte {
-	t.Helper()
-	var sb strings.Builder
-	for _, line := range strings.Split(s, "\n") {
-		if strings.HasPrefix(strings.TrimSpace(line), "#") {
-			continue
-		}
-		sb.WriteString(strings.Join(strings.Fields(line), ""))
-	}
-	b, err := hex.DecodeString(sb.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return testtool.ReadHex(t, filepath.Join("testdata", name+".hex"))
 }
 
 // long builds a v1/v2-style long header packet: first octet, version,

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
 // draft-ietf-quic-load-balancers-21, Appendix B "Load Balancer Test
@@ -44,7 +46,7 @@ var draftEncrypted = []struct {
 
 func TestLBDraftVectors(t *testing.T) {
 	for _, v := range draftPlaintext {
-		cid, sid, nonce := mustHex(t, v.cid), mustHex(t, v.sid), mustHex(t, v.nonce)
+		cid, sid, nonce := testtool.Hex(t, v.cid), testtool.Hex(t, v.sid), testtool.Hex(t, v.nonce)
 		if len(cid) != 1+len(sid)+len(nonce) || !bytes.Equal(cid[1:], cat(sid, nonce)) {
 			t.Fatalf("%s: not first octet || sid || nonce", v.cid)
 		}
@@ -65,11 +67,11 @@ func TestLBDraftVectors(t *testing.T) {
 	}
 	// The printed form of row 2 fails the self-encoded length check, which
 	// is how the reading above was found.
-	if _, ok := lbServerID(mustHex(t, "20a350d28b4203487d970b"), 1, 5, 5, true); ok {
+	if _, ok := lbServerID(testtool.Hex(t, "20a350d28b4203487d970b"), 1, 5, 5, true); ok {
 		t.Fatal("malformed draft row decoded")
 	}
 	for _, v := range draftEncrypted {
-		cid := mustHex(t, v.cid)
+		cid := testtool.Hex(t, v.cid)
 		if cid[0]>>5 != v.cr || int(cid[0]&0x1f) != len(cid)-1 {
 			t.Fatalf("%s: first octet %#x: config %d, length %d", v.cid, cid[0], cid[0]>>5, cid[0]&0x1f)
 		}

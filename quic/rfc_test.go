@@ -8,6 +8,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"testing"
+
+	"github.com/cidroute/cidroute/internal/testtool"
 )
 
 // The client Initial packets of RFC 9001 Appendix A.2 and RFC 9369 Appendix
@@ -48,8 +50,8 @@ func expandLabel(t *testing.T, secret []byte, label string, n int) []byte {
 
 func protectClientInitial(t *testing.T, p initialParams) []byte {
 	t.Helper()
-	dcid := mustHex(t, "8394c8f03e515708")
-	initial, err := hkdf.Extract(sha256.New, dcid, mustHex(t, p.salt))
+	dcid := testtool.Hex(t, "8394c8f03e515708")
+	initial, err := hkdf.Extract(sha256.New, dcid, testtool.Hex(t, p.salt))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +60,7 @@ func protectClientInitial(t *testing.T, p initialParams) []byte {
 	iv := expandLabel(t, client, p.labelPf+"iv", 12)
 	hp := expandLabel(t, client, p.labelPf+"hp", 16)
 
-	hdr := mustHex(t, p.header)
+	hdr := testtool.Hex(t, p.header)
 	payload := make([]byte, 1162)
 	copy(payload, readHex(t, "rfc9001_client_crypto_frame")) // PADDING after it
 
@@ -109,7 +111,7 @@ func TestRFCClientInitialsReproduced(t *testing.T) {
 				t.Fatal(err)
 			}
 			if c.Kind != KindNew || c.Type != Initial || c.Version != p.version || !c.Initial || c.ZeroRTT || c.Packets != 1 ||
-				!bytes.Equal(c.DCID, mustHex(t, "8394c8f03e515708")) {
+				!bytes.Equal(c.DCID, testtool.Hex(t, "8394c8f03e515708")) {
 				t.Fatalf("Classify = %+v", c)
 			}
 		})

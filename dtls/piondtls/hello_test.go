@@ -1,44 +1,29 @@
 package piondtls
 
 import (
-	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-)
 
-func golden(t testing.TB, name string) []byte {
-	t.Helper()
-	raw, err := os.ReadFile("../testdata/" + name)
-	require.NoError(t, err)
-	var sb strings.Builder
-	for line := range strings.Lines(string(raw)) {
-		if !strings.HasPrefix(line, "#") {
-			sb.WriteString(strings.Join(strings.Fields(line), ""))
-		}
-	}
-	b, err := hex.DecodeString(sb.String())
-	require.NoError(t, err)
-	return b
-}
+	"github.com/cidroute/cidroute/internal/testtool"
+)
 
 func TestServerHelloCID(t *testing.T) {
 	// Captured from pion v3.1.15 with an ordinal-first generator, CID
 	// length 8, ordinal 7.
-	cid, ok := serverHelloCID(golden(t, "pion_server_hello.hex"))
+	cid, ok := serverHelloCID(testtool.ReadHex(t, "../testdata/pion_server_hello.hex"))
 	require.True(t, ok)
 	assert.Len(t, cid, 8)
 	assert.Equal(t, byte(7), cid[0])
 
 	for _, name := range []string{"pion_clienthello_1.hex", "pion_flight5.hex", "pion_appdata.hex"} {
-		_, ok := serverHelloCID(golden(t, name))
+		_, ok := serverHelloCID(testtool.ReadHex(t, "../testdata/"+name))
 		assert.False(t, ok, name)
 	}
 	// Every truncation of the ServerHello fails cleanly.
-	sh := golden(t, "pion_server_hello.hex")
+	sh := testtool.ReadHex(t, "../testdata/pion_server_hello.hex")
 	for i := range sh {
 		serverHelloCID(sh[:i])
 	}
@@ -46,7 +31,7 @@ func TestServerHelloCID(t *testing.T) {
 
 func FuzzServerHelloCID(f *testing.F) {
 	for _, name := range []string{"pion_server_hello.hex", "pion_clienthello_1.hex", "pion_flight5.hex"} {
-		f.Add(golden(f, name))
+		f.Add(testtool.ReadHex(f, "../testdata/"+name))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		cid, ok := serverHelloCID(b)

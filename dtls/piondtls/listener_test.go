@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
@@ -156,13 +157,13 @@ func TestDemuxDrops(t *testing.T) {
 		_, err = peer.WriteToUDPAddrPort(append(h, b...), to)
 		require.NoError(t, err)
 	}
-	hello := golden(t, "pion_clienthello_1.hex")
-	send("192.0.2.1:1", []byte("garbage"))             // malformed
-	send("192.0.2.1:1", golden(t, "pion_appdata.hex")) // no session
-	send("192.0.2.1:1", hello)                         // new session 1, queued
-	send("192.0.2.1:1", hello)                         // session 1's queue is full
-	send("192.0.2.1:1", hello)                         // still full
-	send("192.0.2.2:2", hello)                         // backlog full
+	hello := testtool.ReadHex(t, "../testdata/pion_clienthello_1.hex")
+	send("192.0.2.1:1", []byte("garbage"))                                   // malformed
+	send("192.0.2.1:1", testtool.ReadHex(t, "../testdata/pion_appdata.hex")) // no session
+	send("192.0.2.1:1", hello)                                               // new session 1, queued
+	send("192.0.2.1:1", hello)                                               // session 1's queue is full
+	send("192.0.2.1:1", hello)                                               // still full
+	send("192.0.2.2:2", hello)                                               // backlog full
 	require.Eventually(t, func() bool { return bc.Stats().AcceptedProxied == 6 }, 5*time.Second, time.Millisecond)
 	require.Eventually(t, func() bool {
 		s := pl.Stats()

@@ -5,10 +5,12 @@ package testtool
 
 import (
 	"bytes"
+	"encoding/hex"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -79,4 +81,31 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Hex decodes hex digits written with any white space, skipping lines that
+// start with '#' (the golden datagrams' format). Bad hex fails the test.
+func Hex(t testing.TB, s string) []byte {
+	t.Helper()
+	var sb strings.Builder
+	for line := range strings.Lines(s) {
+		if !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			sb.WriteString(strings.Join(strings.Fields(line), ""))
+		}
+	}
+	b, err := hex.DecodeString(sb.String())
+	if err != nil {
+		t.Fatalf("hex: %v", err)
+	}
+	return b
+}
+
+// ReadHex reads a golden datagram file (see Hex).
+func ReadHex(t testing.TB, path string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Hex(t, string(raw))
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/ppv2"
 )
 
@@ -155,8 +156,8 @@ func TestLocal(t *testing.T) {
 }
 
 func TestDirectPolicies(t *testing.T) {
-	hello, app := golden(t, dtlsHello), golden(t, dtlsAppData)
-	initial, short := golden(t, quicInitial), golden(t, quicShort)
+	hello, app := testtool.ReadHex(t, dtlsHello), testtool.ReadHex(t, dtlsAppData)
+	initial, short := testtool.ReadHex(t, quicInitial), testtool.ReadHex(t, quicShort)
 	for _, tc := range []struct {
 		name      string
 		cfg       Config

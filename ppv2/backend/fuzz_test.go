@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/ppv2"
 )
 
@@ -18,8 +19,8 @@ func FuzzInspect(f *testing.F) {
 	f.Add(local, uint8(1))
 	f.Add([]byte{}, uint8(2))
 	for _, p := range []string{dtlsHello, dtlsAppData, quicInitial, quicShort} {
-		f.Add(golden(f, p), uint8(3))
-		f.Add(append(append([]byte(nil), h...), golden(f, p)...), uint8(4))
+		f.Add(testtool.ReadHex(f, p), uint8(3))
+		f.Add(append(append([]byte(nil), h...), testtool.ReadHex(f, p)...), uint8(4))
 	}
 	trusted := netip.MustParseAddrPort("10.1.2.3:4000")
 	stranger := netip.MustParseAddrPort("203.0.113.9:4000")

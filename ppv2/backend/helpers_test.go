@@ -1,11 +1,8 @@
 package backend
 
 import (
-	"encoding/hex"
 	"net"
 	"net/netip"
-	"os"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,23 +100,6 @@ func reverse(t testing.TB, b []byte) (ppv2.Header, []byte) {
 	h, off, err := ppv2.Parse(b)
 	require.NoError(t, err)
 	return h, b[off:]
-}
-
-// golden reads a captured datagram from another package's testdata: hex
-// digits with white space, '#' comment lines.
-func golden(t testing.TB, path string) []byte {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	require.NoError(t, err)
-	var sb strings.Builder
-	for line := range strings.Lines(string(raw)) {
-		if !strings.HasPrefix(line, "#") {
-			sb.WriteString(strings.Join(strings.Fields(line), ""))
-		}
-	}
-	b, err := hex.DecodeString(sb.String())
-	require.NoError(t, err)
-	return b
 }
 
 // clock is a fake route-table clock.
