@@ -8,8 +8,8 @@
 // Parsing follows the version-independent invariants (RFC 8999) for every
 // long header, and the v1 (RFC 9000) and v2 (RFC 9369) layouts where the
 // version is known: packet types, Initial tokens and the Length field that
-// lets Classify walk coalesced packets. Header protection is not removed;
-// nothing here needs keys.
+// lets Classify walk coalesced packets. Header protection is not removed:
+// parsing needs no keys.
 //
 // Parsers return views into the caller's buffer: the byte slices in Header
 // and Class are valid only while that buffer is, and must be copied to be
