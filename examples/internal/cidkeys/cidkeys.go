@@ -8,9 +8,13 @@
 //
 //	{"active": 1, "keys": {"1": "00112233445566778899aabbccddeeff"}}
 //
-// A key file must be readable by its owner only: a file with any group or
-// other permission bit (mode & 0o077) is refused. Key material never
-// appears in an error, a log line or a String method.
+// A key file must be readable by its owner only (mode 0600 or 0400): a
+// file others may access is refused, and so is one its group may access,
+// with one exception, the rule PostgreSQL applies to its key files: a
+// file owned by root may be group-readable (0640, 0440) when the process
+// is not root. That is what a Kubernetes Secret volume gives a non-root
+// pod with an fsGroup (root-owned, the pod's group, 0440). Key material
+// never appears in an error, a log line or a String method.
 package cidkeys
 
 import (
@@ -22,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"slices"
@@ -36,8 +41,20 @@ import (
 const maxFileSize = 64 << 10
 
 // ErrMode is wrapped by Load for a key file that group or others may
-// access.
+// access (see the package documentation).
 var ErrMode = errors.New("cidkeys: key file is accessible by group or others (chmod 600)")
+
+// checkMode applies the package's mode rule to a file of mode perm owned
+// by uid owner, read by a process of uid self (-1: unknown).
+func checkMode(perm fs.FileMode, owner, self int) error {
+	switch {
+	case perm&0o077 == 0:
+		return nil
+	case perm&0o037 == 0 && owner == 0 && self > 0:
+		return nil // root-owned, group-readable: a Secret volume with fsGroup
+	}
+	return fmt.Errorf("mode %04o: %w", perm, ErrMode)
+}
 
 // A Set is the content of a key file.
 type Set struct {
@@ -55,8 +72,8 @@ func (s Set) ConfigIDs() []uint8 {
 }
 
 // Load reads the key file at path: it must be a regular file (symbolic
-// links are followed, as Kubernetes Secret volumes need) of mode 0600,
-// 0400 or stricter.
+// links are followed, as Kubernetes Secret volumes need) of mode 0600 or
+// 0400 (see the package documentation for root-owned files).
 func Load(path string) (Set, error) {
 	data, err := read(path)
 	if err != nil {
@@ -78,8 +95,8 @@ func read(path string) ([]byte, error) {
 	if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("cidkeys: %s is not a regular file", path)
 	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("%s has mode %04o: %w", path, perm, ErrMode)
+	if err := checkMode(st.Mode().Perm(), fileOwner(st), os.Getuid()); err != nil {
+		return nil, fmt.Errorf("%s has %w", path, err)
 	}
 	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
 	if err != nil {

@@ -105,6 +105,48 @@ func TestLoadMode(t *testing.T) {
 			t.Errorf("mode %04o: %v", mode, err)
 		}
 	}
+	if _, err := Load(dir); err == nil {
+		t.Error("a directory loads")
+	}
+	if _, err := Load(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Error(err)
+	}
+}
+
+// TestCheckMode: owner-only files pass; group or other access fails,
+// except group read of a root-owned file by a non-root process.
+func TestCheckMode(t *testing.T) {
+	for _, tt := range []struct {
+		perm        os.FileMode
+		owner, self int
+		ok          bool
+	}{
+		{0o600, 1000, 1000, true},
+		{0o400, 0, 0, true},
+		{0o400, 0, 65532, true},
+		{0o440, 0, 65532, true}, // a Secret volume with fsGroup
+		{0o640, 0, 65532, true}, // root-managed, group-readable
+		{0o440, 0, 0, false},    // root reading its own file: chmod it
+		{0o440, 1000, 1000, false},
+		{0o440, 1000, 65532, false},
+		{0o460, 0, 65532, false}, // group-writable
+		{0o450, 0, 65532, false},
+		{0o444, 0, 65532, false}, // world-readable
+		{0o404, 1000, 1000, false},
+		{0o602, 1000, 1000, false},
+		{0o440, 0, -1, false}, // owner unknown
+	} {
+		err := checkMode(tt.perm, tt.owner, tt.self)
+		if (err == nil) != tt.ok || (err != nil && !errors.Is(err, ErrMode)) {
+			t.Errorf("mode %04o, owner %d, process %d: %v", tt.perm, tt.owner, tt.self, err)
+		}
+	}
+}
+
+func TestLoadModeSecretLink(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "keys.json")
+	body := `{"active": 1, "keys": {"1": "` + hex1 + `"}}`
 	// A Kubernetes Secret volume: the name is a symbolic link (through
 	// ..data) to a file of the volume's defaultMode.
 	writeKeys(t, path, body, 0o400)
@@ -114,12 +156,6 @@ func TestLoadMode(t *testing.T) {
 	}
 	if _, err := Load(link); err != nil {
 		t.Errorf("symbolic link: %v", err)
-	}
-	if _, err := Load(dir); err == nil {
-		t.Error("a directory loads")
-	}
-	if _, err := Load(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
-		t.Error(err)
 	}
 }
 
