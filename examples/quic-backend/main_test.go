@@ -86,6 +86,9 @@ func TestBadFlags(t *testing.T) {
 		{"-ordinal", "1", "-direct", "x"},
 		{"-ordinal", "1", "-cert", "/nonexistent.pem"},
 		{"-ordinal", "1", "extra"},
+		{"-ordinal", "1", "-cid-nonce-len", "10"},
+		{"-ordinal", "1", "-cid-keys", "/nonexistent.json"},
+		{"-ordinal", "1", "-cid-keys", "/nonexistent.json", "-cid-len", "12", "-cid-nonce-len", "4"},
 	} {
 		var out syncBuffer
 		c := run(context.Background(), args, &out, nil)
