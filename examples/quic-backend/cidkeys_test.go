@@ -60,20 +60,7 @@ func TestEncryptedCIDKeys(t *testing.T) {
 	writeKeys(t, keys, `{"active": 1, "keys": {"1": "`+k1+`"}}`)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logs := &syncBuffer{}
-	srvc := make(chan *quicecho.Server, 1)
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, []string{"-ordinal", "5", "-listen", "127.0.0.1:0", "-cid-keys", keys, "-cid-nonce-len", "15"}, logs, func(s *quicecho.Server) { srvc <- s })
-	}()
-	var srv *quicecho.Server
-	select {
-	case srv = <-srvc:
-	case c := <-code:
-		t.Fatalf("exited %d: %s", c, logs)
-	case <-time.After(10 * time.Second):
-		t.Fatal("not started")
-	}
+	srv, code, logs := start(t, ctx, "-ordinal", "5", "-listen", "127.0.0.1:0", "-cid-keys", keys, "-cid-nonce-len", "15")
 	// decoder is what a proxy with both keys holds.
 	var key1, key2 [16]byte
 	hex.Decode(key1[:], []byte(k1))
