@@ -29,6 +29,17 @@ func TestDemo(t *testing.T) {
 	require.Empty(t, logs.String())
 }
 
+// TestDemoSlowClients: a run too short for a socket's worth of messages
+// (as a slow first handshake on a busy machine leaves) still shows every
+// session moving across ports and replicas: clients go on past the
+// deadline until they have moved once.
+func TestDemoSlowClients(t *testing.T) {
+	var out, logs bytes.Buffer
+	err := runDemo(context.Background(), &out, newLogger(&logs, slog.LevelWarn, errWindow), 200*time.Millisecond)
+	require.NoError(t, err, "%s\n%s", out.String(), logs.String())
+	require.Contains(t, out.String(), "result: ok")
+}
+
 // TestDemoCatchesMisroute: with replica B sending ordinal 0's CIDs to
 // backend 1 (and 1's to 0), the demo's verdict fails. A verdict made sound
 // against a loaded machine must still see wrong routing.
