@@ -10,8 +10,12 @@ import (
 // ReservedOrdinal is never issued: a CID that decodes to it is dropped.
 const ReservedOrdinal = 255
 
-// ErrReservedOrdinal is returned when asked to encode ReservedOrdinal.
-var ErrReservedOrdinal = errors.New("dtls: ordinal 255 is reserved")
+var (
+	// ErrReservedOrdinal is returned when asked to encode ReservedOrdinal.
+	ErrReservedOrdinal = errors.New("dtls: ordinal 255 is reserved")
+	// ErrCodec is returned by Generator for a codec whose trial CID fails.
+	ErrCodec = errors.New("dtls: unusable CID codec")
+)
 
 const (
 	defaultOrdinalFirstLen = 8
@@ -85,19 +89,58 @@ func (OrdinalFirst) OrdinalOffset() int { return 0 }
 // Generator returns a function that makes a new CID for ordinal on each
 // call, in the form pion/dtls v3 wants for Config.ConnectionIDGenerator
 // (and WithConnectionIDGenerator): every call returns a new slice, which
-// the caller may keep. It is safe for concurrent use.
+// the caller may keep. It is safe for concurrent use. It is
+// Generator(c, ordinal).
 func (c OrdinalFirst) Generator(ordinal uint8) (func() []byte, error) {
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
+	return Generator(c, ordinal)
+}
+
+// Codec is the part of cidroute.CIDCodec that Generator uses; every
+// cidroute.CIDCodec satisfies it (OrdinalFirst, quic.LB, quic.LBEncrypted).
+// It is declared here so that this package imports nothing of cidroute.
+type Codec interface {
+	Len() int
+	AppendCID(dst []byte, ordinal uint8) ([]byte, error)
+	Ordinal(cid []byte) (ordinal uint8, ok bool)
+}
+
+var _ Codec = OrdinalFirst{}
+
+// Generator returns a pion/dtls v3 ConnectionIDGenerator (a function that
+// makes a new CID for ordinal with c on each call, a new slice each time)
+// for any codec, such as the encrypted QUIC-LB one, quic.LBEncrypted: with
+// it an observer of the DTLS records cannot read the backend's ordinal from
+// the CID, nor write a CID that names a chosen backend. It first checks
+// that c's length fits RFC 9146 (1..255), that ordinal is not the reserved
+// 255, and that a trial CID has c's length and decodes back to ordinal.
+//
+// The built-in codecs cannot fail after that check (a codec whose keys
+// change, as quic.LBEncrypted's do on rotation, keeps a valid active
+// configuration). Should a codec fail anyway, the function returns nil,
+// with which pion asks the peer for no CID: the session is then routed by
+// client address, and does not survive an address change, but is never
+// misrouted. It is safe for concurrent use if c is.
+func Generator(c Codec, ordinal uint8) (func() []byte, error) {
 	if ordinal == ReservedOrdinal {
 		return nil, ErrReservedOrdinal
 	}
 	n := c.Len()
+	if n < 1 || n > MaxCIDLen {
+		return nil, fmt.Errorf("codec length %d not in 1..%d: %w", n, MaxCIDLen, ErrCIDLength)
+	}
+	cid, err := c.AppendCID(make([]byte, 0, n), ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("%w: trial CID: %w", ErrCodec, err)
+	}
+	if got, ok := c.Ordinal(cid); len(cid) != n || !ok || got != ordinal {
+		return nil, fmt.Errorf("%w: trial CID %x (%d bytes, codec length %d) decodes to %d (ok=%v), want %d",
+			ErrCodec, cid, len(cid), n, got, ok, ordinal)
+	}
 	return func() []byte {
-		cid := make([]byte, n)
-		cid[0] = ordinal
-		rand.Read(cid[1:])
+		cid, err := c.AppendCID(make([]byte, 0, n), ordinal)
+		if err != nil || len(cid) != n {
+			return nil
+		}
 		return cid
 	}, nil
 }

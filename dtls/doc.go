@@ -17,8 +17,11 @@
 // errors.Is.
 //
 // OrdinalFirst writes a backend's ordinal (0–254) into byte 0 of every CID
-// the backend issues; its Generator plugs into pion/dtls v3's
-// Config.ConnectionIDGenerator without this package importing pion.
+// the backend issues; Generator turns it, or any other CID codec, into
+// pion/dtls v3's Config.ConnectionIDGenerator without this package
+// importing pion. With the encrypted QUIC-LB codec (quic.LBEncrypted) DTLS
+// CIDs hide the ordinal too: see its documentation for what that protects
+// and what it does not.
 //
 // All functions and methods are safe for concurrent use.
 package dtls

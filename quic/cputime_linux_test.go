@@ -7,7 +7,8 @@ import (
 	"testing"
 )
 
-// TestCPUTimePerOp logs the CPU time (not wall time) one Classify takes, by
+// TestCPUTimePerOp logs the CPU time (not wall time) one Classify, and one
+// decode of each CID codec, takes, by
 // getrusage(RUSAGE_THREAD) around a loop on a locked thread. On a shared,
 // loaded machine wall-clock benchmarks mostly measure waiting for a core;
 // this does not. It asserts nothing. Run with:
@@ -26,17 +27,27 @@ func TestCPUTimePerOp(t *testing.T) {
 		}
 		return ru.Utime.Nano() + ru.Stime.Nano()
 	}
-	for _, name := range []string{"quicgo_short", "quicgo_initial_0rtt", "quicgo_initial_coalesced", "rfc9001_client_initial"} {
-		d := readHex(t, name)
+	perOp := func(f func()) float64 {
 		const n = 10_000_000
 		best := int64(1 << 62)
 		for range 3 {
 			start := cpu()
 			for range n {
-				sinkClass, _ = Classify(d, 12)
+				f()
 			}
 			best = min(best, cpu()-start)
 		}
-		t.Logf("Classify %-26s %6.1f ns CPU/op", name, float64(best)/n)
+		return float64(best) / n
+	}
+	for _, name := range []string{"quicgo_short", "quicgo_initial_0rtt", "quicgo_initial_coalesced", "rfc9001_client_initial"} {
+		d := readHex(t, name)
+		t.Logf("Classify %-26s %6.1f ns CPU/op", name, perOp(func() { sinkClass, _ = Classify(d, 12) }))
+	}
+	plain, _ := LB{}.AppendCID(nil, 7)
+	t.Logf("LB.Ordinal %-24s %6.1f ns CPU/op", "plaintext", perOp(func() { sinkOrd, _ = LB{}.Ordinal(plain) }))
+	for _, nl := range []int{LBSinglePassNonceLen, LBEncryptedDefaultNonceLen} {
+		c := mustLBEnc(t, LBEncryptedConfig{NonceLen: nl, Keys: []LBKey{{1, draftKey}}, Active: 1})
+		cid, _ := c.AppendCID(nil, 7)
+		t.Logf("LBEncrypted.Ordinal %-15s %6.1f ns CPU/op", c.String()[19:], perOp(func() { sinkOrd, _ = c.Ordinal(cid) }))
 	}
 }

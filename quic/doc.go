@@ -1,17 +1,21 @@
 // Package quic parses and classifies client QUIC datagrams for a
-// connection-ID router, and provides the QUIC-LB plaintext connection ID
-// codec that backends use to write their ordinal into every CID they issue.
+// connection-ID router, and provides the QUIC-LB connection ID codecs
+// (draft-ietf-quic-load-balancers-21) that backends use to write their
+// ordinal into every CID they issue: LB, in the clear, and LBEncrypted,
+// AES-128 encrypted with several configurations live for key rotation, so
+// that only holders of the key can read or aim at an ordinal.
 //
 // Parsing follows the version-independent invariants (RFC 8999) for every
 // long header, and the v1 (RFC 9000) and v2 (RFC 9369) layouts where the
 // version is known: packet types, Initial tokens and the Length field that
-// lets Classify walk coalesced packets. Header protection is not removed;
-// nothing here needs keys.
+// lets Classify walk coalesced packets. Header protection is not removed:
+// parsing needs no keys.
 //
 // Parsers return views into the caller's buffer: the byte slices in Header
 // and Class are valid only while that buffer is, and must be copied to be
-// kept. ParseHeader, Classify and LB.Ordinal do not allocate, on success or
-// on error; errors are the package's sentinels, returned unwrapped.
+// kept. ParseHeader, Classify, LB.Ordinal and LBEncrypted.Ordinal do not
+// allocate, on success or on error; errors are the package's sentinels,
+// returned unwrapped.
 //
 // Routing by Class.Kind (see SPEC.md's table):
 //

@@ -16,5 +16,7 @@
 // per socket receives every packet of a session on the socket that owns it.
 //
 // udpio imports nothing else of cidroute; a CIDCodec's Len and OrdinalOffset
-// fill Steering.
+// fill Steering. An encrypted codec (quic.LBEncrypted) has no ordinal byte
+// in the clear and reports OrdinalOffset -1, which AttachSteering refuses
+// with ErrNoOrdinalByte.
 package udpio

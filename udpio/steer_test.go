@@ -135,6 +135,13 @@ func TestSteeringValidate(t *testing.T) {
 	}
 	_, err := Steering{DTLS: true, CIDLen: 200}.program()
 	assert.NoError(t, err)
+	// An encrypted codec's OrdinalOffset (-1) names the reason.
+	_, err = Steering{QUIC: true, CIDLen: 12, OrdinalOffset: -1}.program()
+	assert.ErrorIs(t, err, ErrNoOrdinalByte)
+	assert.ErrorIs(t, err, ErrConfig)
+	assert.Contains(t, err.Error(), "encrypted")
+	_, err = Steering{QUIC: true, CIDLen: 12, OrdinalOffset: 12}.program()
+	assert.NotErrorIs(t, err, ErrNoOrdinalByte)
 }
 
 // FuzzSteering checks the assembled classic BPF program against its Go

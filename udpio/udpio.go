@@ -20,6 +20,12 @@ var (
 	ErrAddress = errors.New("udpio: address not usable on this socket")
 	// ErrConfig is wrapped when a configuration value is out of range.
 	ErrConfig = errors.New("udpio: invalid configuration")
+	// ErrNoOrdinalByte is wrapped (with ErrConfig) by AttachSteering when
+	// Steering.OrdinalOffset is negative: the CID codec keeps no octet of
+	// the CID in the clear (an encrypted codec such as quic.LBEncrypted),
+	// so a classic BPF program cannot read the ordinal. Steer in user
+	// space instead, or use a plaintext codec.
+	ErrNoOrdinalByte = errors.New("udpio: the CID codec has no plaintext ordinal byte (encrypted CIDs); kernel steering cannot read it")
 )
 
 // DefaultBatch is the batch size NewConn uses when given 0.
@@ -107,7 +113,9 @@ type Steering struct {
 	// (1–20 for QUIC, 1–255 for DTLS): a CIDCodec's Len.
 	CIDLen int
 	// OrdinalOffset is the offset of the ordinal byte within the CID
-	// (0 ≤ OrdinalOffset < CIDLen): a CIDCodec's OrdinalOffset.
+	// (0 ≤ OrdinalOffset < CIDLen): a CIDCodec's OrdinalOffset. A
+	// negative one, which an encrypted codec reports, is refused with
+	// ErrNoOrdinalByte.
 	OrdinalOffset int
 }
 
@@ -117,7 +125,9 @@ func (s Steering) validate() error {
 		return fmt.Errorf("steering: neither DTLS nor QUIC enabled: %w", ErrConfig)
 	case s.CIDLen < 1 || s.CIDLen > 255 || (s.QUIC && s.CIDLen > 20):
 		return fmt.Errorf("steering: CID length %d: %w", s.CIDLen, ErrConfig)
-	case s.OrdinalOffset < 0 || s.OrdinalOffset >= s.CIDLen:
+	case s.OrdinalOffset < 0:
+		return fmt.Errorf("steering: ordinal offset %d: %w: %w", s.OrdinalOffset, ErrNoOrdinalByte, ErrConfig)
+	case s.OrdinalOffset >= s.CIDLen:
 		return fmt.Errorf("steering: ordinal offset %d outside CID of %d bytes: %w", s.OrdinalOffset, s.CIDLen, ErrConfig)
 	}
 	return nil

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
+	"github.com/cidroute/cidroute/examples/internal/cidkeys"
 	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
 )
 
@@ -44,6 +45,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtl
 	var common backendcfg.Flags
 	common.Register(fs, "0.0.0.0:5684", "ds-2", "ClientHellos")
 	cidLen := fs.Int("cid-len", 8, "connection ID length; the proxies' cid_len must match")
+	var keyFlags backendcfg.CIDKeyFlags
+	keyFlags.Register(fs)
 	psk := fs.String("psk", "", "pre-shared key in `hex`: PSK mode (TLS_PSK_WITH_AES_128_CCM_8, _GCM_SHA256); empty: certificate mode")
 	hint := fs.String("psk-identity-hint", "cidroute", "PSK identity hint sent to clients")
 	certFile := fs.String("cert", "", "certificate PEM `file` (certificate mode; default: self-signed at start)")
@@ -57,6 +60,14 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtl
 	log := set.Log
 	cfg := dtlsecho.Config{Listen: set.Listen, Ordinal: set.Ordinal, CIDLen: *cidLen, PSKIdentityHint: *hint,
 		TrustedProxies: set.TrustedProxies, Direct: set.Direct, Prefix: *prefix, IdleTimeout: *idle, Logger: log}
+	var keys *cidkeys.File
+	if err == nil {
+		keys, err = keyFlags.Open(*cidLen, backendcfg.IsSet(fs, "cid-len"))
+	}
+	codec := "ordinal-first"
+	if keys != nil {
+		cfg.Codec, cfg.CIDLen, codec = keys.Codec(), keys.Codec().Len(), keys.Codec().String()
+	}
 	if err == nil && *idle <= 0 {
 		err = fmt.Errorf("-idle-timeout %v: must be positive", *idle)
 	}
@@ -85,8 +96,12 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtl
 		log.Error("cannot start", "err", err)
 		return 1
 	}
+	if keys != nil {
+		keys.Logger = log
+		backendcfg.Watch(ctx, keys)
+	}
 	log.Info("dtls-backend started", "ordinal", cfg.Ordinal, "ordinal_from", set.OrdinalFrom, "listen", srv.Addr(),
-		"mode", mode, "cid_len", cfg.CIDLen, "trusted_proxies", common.Trusted, "direct", common.Direct)
+		"mode", mode, "cid_len", cfg.CIDLen, "cid_codec", codec, "trusted_proxies", common.Trusted, "direct", common.Direct)
 	if started != nil {
 		started(srv)
 	}

@@ -102,6 +102,8 @@ func TestBadFlags(t *testing.T) {
 		{"-ordinal", "1", "-log-level", "loud"},
 		{"-ordinal", "1", "extra"},
 		{"-bogus"},
+		{"-ordinal", "1", "-cid-nonce-len", "6"},
+		{"-ordinal", "1", "-cid-keys", "/nonexistent.json"},
 	} {
 		var out syncBuffer
 		code := run(context.Background(), args, &out, nil)

@@ -26,6 +26,7 @@ import (
 	"syscall"
 
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
+	"github.com/cidroute/cidroute/examples/internal/cidkeys"
 	"github.com/cidroute/cidroute/examples/internal/quicecho"
 	"github.com/cidroute/cidroute/quic"
 )
@@ -45,6 +46,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*qui
 	var common backendcfg.Flags
 	common.Register(fs, "0.0.0.0:4433", "qs-2", "Initials")
 	cidLen := fs.Int("cid-len", 12, "QUIC-LB connection ID length (6-20); the proxies' cid_len must match")
+	var keyFlags backendcfg.CIDKeyFlags
+	keyFlags.Register(fs)
 	alpn := fs.String("alpn", quicecho.DefaultALPN, "comma-separated ALPN `protocols` offered")
 	certFile := fs.String("cert", "", "certificate PEM `file` (default: self-signed at start)")
 	keyFile := fs.String("key", "", "private key PEM `file` for -cert")
@@ -63,6 +66,14 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*qui
 	if err == nil && len(cfg.ALPN) == 0 {
 		err = fmt.Errorf("-alpn: no protocol")
 	}
+	var keys *cidkeys.File
+	if err == nil {
+		keys, err = keyFlags.Open(*cidLen, backendcfg.IsSet(fs, "cid-len"))
+	}
+	codec := "QUIC-LB plaintext"
+	if keys != nil {
+		cfg.Codec, codec, *cidLen = keys.Codec(), keys.Codec().String(), keys.Codec().Len()
+	}
 	cert := "self-signed"
 	if err == nil && (*certFile != "" || *keyFile != "") {
 		var c tls.Certificate
@@ -78,8 +89,12 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*qui
 		log.Error("cannot start", "err", err)
 		return 1
 	}
+	if keys != nil {
+		keys.Logger = log
+		backendcfg.Watch(ctx, keys)
+	}
 	log.Info("quic-backend started", "ordinal", cfg.Ordinal, "ordinal_from", set.OrdinalFrom, "listen", srv.Addr(),
-		"alpn", strings.Join(cfg.ALPN, ","), "certificate", cert, "cid_len", *cidLen, "trusted_proxies", common.Trusted, "direct", common.Direct)
+		"alpn", strings.Join(cfg.ALPN, ","), "certificate", cert, "cid_len", *cidLen, "cid_codec", codec, "trusted_proxies", common.Trusted, "direct", common.Direct)
 	if started != nil {
 		started(srv)
 	}

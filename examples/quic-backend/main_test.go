@@ -23,17 +23,14 @@ import (
 // syncBuffer is a log sink shared by goroutines and the test.
 type syncBuffer = testtool.SyncBuffer
 
-func TestEchoDirect(t *testing.T) {
-	t.Setenv("HOSTNAME", "qs-3")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logs := &syncBuffer{}
+// start runs the program with args until ctx is done; code gets its exit
+// code.
+func start(t *testing.T, ctx context.Context, args ...string) (srv *quicecho.Server, code chan int, logs *syncBuffer) {
+	t.Helper()
+	logs = &syncBuffer{}
 	srvc := make(chan *quicecho.Server, 1)
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, []string{"-listen", "127.0.0.1:0", "-alpn", "echo-test"}, logs, func(s *quicecho.Server) { srvc <- s })
-	}()
-	var srv *quicecho.Server
+	code = make(chan int, 1)
+	go func() { code <- run(ctx, args, logs, func(s *quicecho.Server) { srvc <- s }) }()
 	select {
 	case srv = <-srvc:
 	case c := <-code:
@@ -41,6 +38,14 @@ func TestEchoDirect(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("not started")
 	}
+	return srv, code, logs
+}
+
+func TestEchoDirect(t *testing.T) {
+	t.Setenv("HOSTNAME", "qs-3")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv, code, logs := start(t, ctx, "-listen", "127.0.0.1:0", "-alpn", "echo-test")
 	require.Equal(t, uint8(3), srv.Ordinal())
 
 	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
@@ -86,6 +91,9 @@ func TestBadFlags(t *testing.T) {
 		{"-ordinal", "1", "-direct", "x"},
 		{"-ordinal", "1", "-cert", "/nonexistent.pem"},
 		{"-ordinal", "1", "extra"},
+		{"-ordinal", "1", "-cid-nonce-len", "10"},
+		{"-ordinal", "1", "-cid-keys", "/nonexistent.json"},
+		{"-ordinal", "1", "-cid-keys", "/nonexistent.json", "-cid-len", "12", "-cid-nonce-len", "4"},
 	} {
 		var out syncBuffer
 		c := run(context.Background(), args, &out, nil)

@@ -18,13 +18,23 @@ type Codec interface {
 	Ordinal(cid []byte) (ordinal uint8, ok bool)
 }
 
-var _ Codec = cidquic.LB{}
+var (
+	_ Codec = cidquic.LB{}
+	_ Codec = (*cidquic.LBEncrypted)(nil)
+)
 
 // ErrCodec is returned when a codec cannot serve as a quic-go CID generator.
 var ErrCodec = errors.New("quicgo: unusable CID codec")
 
 // Generator issues connection IDs that carry one backend's ordinal. It is
 // safe for concurrent use if its codec is (built-in codecs are).
+//
+// With the encrypted QUIC-LB codec (*quic.LBEncrypted) the ordinal is
+// hidden from observers, and a key rotation needs no new Generator: after
+// the codec's SetKeys switches the active configuration, every new CID,
+// including the NEW_CONNECTION_ID CIDs of running connections, uses it,
+// while CIDs issued before stay valid as long as the proxies keep the old
+// configuration.
 type Generator struct {
 	codec   Codec
 	ordinal uint8

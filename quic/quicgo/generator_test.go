@@ -70,3 +70,35 @@ func TestNewGenerator(t *testing.T) {
 		}
 	}
 }
+
+// TestNewGeneratorEncrypted: quic-go's generator takes the encrypted
+// codec, and follows its key rotation without being rebuilt.
+func TestNewGeneratorEncrypted(t *testing.T) {
+	k1, k2 := cidquic.LBKey{ConfigID: 1, Key: [16]byte{1}}, cidquic.LBKey{ConfigID: 2, Key: [16]byte{2}}
+	for _, nonce := range []int{cidquic.LBEncryptedDefaultNonceLen, cidquic.LBSinglePassNonceLen} {
+		c, err := cidquic.NewLBEncrypted(cidquic.LBEncryptedConfig{NonceLen: nonce, Keys: []cidquic.LBKey{k1}, Active: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := NewGenerator(c, 200)
+		if err != nil || g.ConnectionIDLen() != 2+nonce {
+			t.Fatal(g, err)
+		}
+		check := func(config uint8) {
+			t.Helper()
+			id, err := g.GenerateConnectionID()
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := id.Bytes()
+			if ord, ok := c.Ordinal(b); !ok || ord != 200 || len(b) != 2+nonce || b[0]>>5 != config {
+				t.Fatalf("%x decodes to %d, %v", b, ord, ok)
+			}
+		}
+		check(1)
+		if err := c.SetKeys([]cidquic.LBKey{k1, k2}, 2); err != nil {
+			t.Fatal(err)
+		}
+		check(2)
+	}
+}

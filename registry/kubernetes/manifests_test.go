@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"bufio"
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -101,6 +102,9 @@ type proxyConfig struct {
 		Protocol       string          `json:"protocol"`
 		Listen         string          `json:"listen"`
 		CIDLength      int             `json:"cid_length"`
+		CIDCodec       string          `json:"cid_codec"`
+		CIDNonceLength int             `json:"cid_nonce_length"`
+		CIDKeysFile    string          `json:"cid_keys_file"`
 		ProxyProtocol  *bool           `json:"proxy_protocol"`
 		Workers        int             `json:"workers"`
 		MaxRegistryAge string          `json:"max_registry_age"`
@@ -129,7 +133,7 @@ func TestManifests(t *testing.T) {
 	for _, o := range objs {
 		switch o.(type) {
 		case *corev1.Namespace, *corev1.Service, *appsv1.StatefulSet, *appsv1.Deployment,
-			*corev1.ConfigMap, *corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding:
+			*corev1.ConfigMap, *corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding, *corev1.Secret:
 		default:
 			t.Fatalf("unexpected kind %T (no cluster-wide RBAC or anything else)", o)
 		}
@@ -249,4 +253,71 @@ func TestManifests(t *testing.T) {
 	require.True(t, slices.ContainsFunc(proxy.Ports, func(p corev1.ContainerPort) bool {
 		return p.Name == lbPort.TargetPort.StrVal && p.Protocol == corev1.ProtocolUDP && p.ContainerPort == int32(listenPort)
 	}), "the load balancer targets the port cidproxy listens on")
+
+	checkCIDKeys(t, objs, svc.CIDCodec, svc.CIDKeysFile, dep, sts)
+}
+
+// checkCIDKeys: with encrypted CIDs, the one Secret holds a valid key file
+// and is mounted, read-only and without world access, where the proxies'
+// cid_keys_file and the backends' -cid-keys point, in pods whose fsGroup
+// lets their non-root user read it.
+func checkCIDKeys(t *testing.T, objs []runtime.Object, codec, file string, dep *appsv1.Deployment, sts *appsv1.StatefulSet) {
+	t.Helper()
+	secrets := ofType[*corev1.Secret](objs)
+	if codec == "" {
+		require.Empty(t, secrets, "a Secret without encrypted CIDs")
+		return
+	}
+	require.Equal(t, "quic-lb-encrypted", codec)
+	require.Len(t, secrets, 1)
+	secret := secrets[0]
+	dir, name := filepath.Dir(file), filepath.Base(file)
+	require.True(t, filepath.IsAbs(file), file)
+	content, ok := secret.StringData[name]
+	if !ok {
+		content = string(secret.Data[name])
+	}
+	var keys struct {
+		Active *int              `json:"active"`
+		Keys   map[string]string `json:"keys"`
+	}
+	dec := json.NewDecoder(strings.NewReader(content))
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&keys), "the Secret's %s", name)
+	require.NotNil(t, keys.Active)
+	require.Contains(t, keys.Keys, strconv.Itoa(*keys.Active), "the active config ID has a key")
+	for id, k := range keys.Keys {
+		n, err := strconv.Atoi(id)
+		require.NoError(t, err)
+		require.True(t, n >= 0 && n <= 6, "config ID %s", id)
+		_, err = hex.DecodeString(k)
+		require.NoError(t, err, "config %s", id)
+		require.Len(t, k, 32, "config %s: AES-128", id)
+	}
+	for _, pod := range []struct {
+		what string
+		spec corev1.PodSpec
+	}{{"cidproxy", dep.Spec.Template.Spec}, {"backend", sts.Spec.Template.Spec}} {
+		var vol *corev1.Volume
+		for i, v := range pod.spec.Volumes {
+			if v.Secret != nil && v.Secret.SecretName == secret.Name {
+				vol = &pod.spec.Volumes[i]
+			}
+		}
+		require.NotNil(t, vol, "%s mounts the Secret", pod.what)
+		require.NotNil(t, vol.Secret.DefaultMode, pod.what)
+		// The kubelet ORs 0440 into it for the fsGroup: still no group
+		// write and no world access, as cidkeys requires.
+		mode := *vol.Secret.DefaultMode | 0o440
+		require.Zero(t, mode&0o037, "%s: defaultMode %04o", pod.what, *vol.Secret.DefaultMode)
+		require.NotNil(t, pod.spec.SecurityContext, pod.what)
+		require.NotNil(t, pod.spec.SecurityContext.FSGroup, "%s: fsGroup lets the non-root user read the root-owned key file", pod.what)
+		c := pod.spec.Containers[0]
+		require.True(t, slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == vol.Name && m.MountPath == dir && m.ReadOnly
+		}), "%s mounts the Secret read-only at %s", pod.what, dir)
+	}
+	args := sts.Spec.Template.Spec.Containers[0].Args
+	i := slices.Index(args, "-cid-keys")
+	require.True(t, i >= 0 && i+1 < len(args) && args[i+1] == file, "the backends read the proxies' key file: %q", args)
 }

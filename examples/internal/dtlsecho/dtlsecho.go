@@ -25,6 +25,7 @@ import (
 
 	pion "github.com/pion/dtls/v3"
 
+	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/dtls/piondtls"
 	"github.com/cidroute/cidroute/examples/internal/echobase"
 	"github.com/cidroute/cidroute/examples/internal/selfsigned"
@@ -41,6 +42,10 @@ type Config struct {
 	// CIDLen is the connection ID length (0 = 8); the proxies must be
 	// configured with the same.
 	CIDLen int
+	// Codec, when set, is the CID layout instead of ordinal-first of
+	// CIDLen (which must then be 0 or the codec's length), for example the
+	// encrypted QUIC-LB codec; the proxies must use the same.
+	Codec dtls.Codec
 	// PSK selects PSK mode (TLS_PSK_WITH_AES_128_CCM_8 and
 	// TLS_PSK_WITH_AES_128_GCM_SHA256) with this key for every identity.
 	// Without it the server runs in certificate mode.
@@ -108,9 +113,14 @@ type Server struct {
 
 // Listen binds the socket and starts serving.
 func Listen(cfg Config) (*Server, error) {
-	if cfg.CIDLen == 0 {
-		cfg.CIDLen = 8
+	codec := cfg.Codec
+	switch {
+	case codec == nil:
+		codec = dtls.OrdinalFirst{Length: cfg.CIDLen}
+	case cfg.CIDLen != 0 && cfg.CIDLen != codec.Len():
+		return nil, fmt.Errorf("dtlsecho: CIDLen %d but codec length %d", cfg.CIDLen, codec.Len())
 	}
+	cfg.CIDLen = codec.Len()
 	if cfg.PSKIdentityHint == "" {
 		cfg.PSKIdentityHint = "cidroute"
 	}
@@ -124,7 +134,7 @@ func Listen(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	gen, err := piondtls.Generator(cfg.Ordinal, cfg.CIDLen)
+	gen, err := dtls.Generator(codec, cfg.Ordinal)
 	if err != nil {
 		return nil, fmt.Errorf("dtlsecho: %w", err)
 	}

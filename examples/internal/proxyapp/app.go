@@ -75,6 +75,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 	if err == nil && *check {
 		err = cfg.checkBackendFiles()
 	}
+	if err == nil && *check {
+		err = cfg.checkCIDKeyFiles()
+	}
 	if err == nil && opts.Kubernetes == nil {
 		for _, s := range cfg.Services {
 			if s.Kubernetes != nil {
@@ -122,7 +125,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, opts Options) err
 			case <-ctx.Done():
 				return
 			case <-hup:
-				log.Info("SIGHUP: re-reading backend files")
+				log.Info("SIGHUP: re-reading backend and CID key files")
 				p.reload()
 			}
 		}

@@ -36,6 +36,9 @@ type fileService struct {
 	Protocol       string          `json:"protocol"`
 	Listen         string          `json:"listen"`
 	CIDLength      int             `json:"cid_length"`
+	CIDCodec       string          `json:"cid_codec"`        // cidkeys.go
+	CIDNonceLength int             `json:"cid_nonce_length"` // cidkeys.go
+	CIDKeysFile    string          `json:"cid_keys_file"`    // cidkeys.go
 	ProxyProtocol  *bool           `json:"proxy_protocol"`
 	MaxSessions    int             `json:"max_sessions"` // transparent mode only
 	SessionIdle    string          `json:"session_idle"` // transparent mode only
@@ -70,6 +73,9 @@ type serviceConfig struct {
 	// zero means Listen. Not in the JSON yet; the demo sets it.
 	Public netip.AddrPort
 	CIDLen int
+	// CIDEncryption, when set, makes the CIDs encrypted QUIC-LB ones
+	// (cidkeys.go).
+	CIDEncryption *cidEncryption
 	// Transparent (proxy_protocol false): no PPv2 header, one upstream
 	// socket per client address, at most MaxSessions per worker, each
 	// expiring after SessionIdle (0 = the library defaults).
@@ -108,6 +114,7 @@ func loadConfig(path string) (*config, error) {
 		if s.BackendsFile != "" && !filepath.IsAbs(s.BackendsFile) {
 			cfg.Services[i].BackendsFile = filepath.Join(filepath.Dir(path), s.BackendsFile)
 		}
+		s.CIDEncryption.resolve(filepath.Dir(path))
 	}
 	return cfg, nil
 }
@@ -204,6 +211,9 @@ func parseService(raw json.RawMessage) (serviceConfig, error) {
 	}
 	if err != nil || fs.CIDLength < 0 {
 		return fail("cid_length %d: %v", fs.CIDLength, err)
+	}
+	if err := parseCIDCodec(&fs, &s); err != nil {
+		return fail("%v", err)
 	}
 	s.Transparent = fs.ProxyProtocol != nil && !*fs.ProxyProtocol
 	if !s.Transparent && (fs.MaxSessions != 0 || fs.SessionIdle != "") {
@@ -338,7 +348,7 @@ func (c *config) summary() string {
 		if i > 0 {
 			b.WriteByte(';')
 		}
-		fmt.Fprintf(&b, " %s %s on %v (cid %d", s.Name, s.Protocol, s.Listen, s.CIDLen)
+		fmt.Fprintf(&b, " %s %s on %v (cid %d%s", s.Name, s.Protocol, s.Listen, s.CIDLen, s.CIDEncryption.summary())
 		if s.Kubernetes != nil {
 			fmt.Fprintf(&b, ", backends from EndpointSlices of %s/%s", s.Kubernetes.namespace(), s.Kubernetes.Service)
 		} else if s.BackendsFile != "" {

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/examples/internal/cidkeys"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -32,6 +33,7 @@ type proxyService struct {
 	updater *loggingUpdater // reg, logging changes
 	source  registry.Source
 	file    *registry.File // nil for a static list
+	keys    *cidkeys.File  // nil without encrypted CIDs (cidkeys.go)
 }
 
 // newProxy builds the registries and the pipeline (which opens every
@@ -73,6 +75,11 @@ func newProxy(cfg *config, log *slog.Logger, opts Options) (*proxy, error) {
 			}
 			ps.source = registry.Static(sc.Backends)
 		}
+		codec, err := ps.cidCodec(log.With("service", sc.Name))
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("service %q: %w", sc.Name, err)
+		}
 		pc.Services = append(pc.Services, cidroute.Service{
 			Name:   sc.Name,
 			Listen: sc.Listen,
@@ -80,6 +87,7 @@ func newProxy(cfg *config, log *slog.Logger, opts Options) (*proxy, error) {
 				Protocol: sc.Protocol,
 				Service:  sc.Public,
 				CIDLen:   sc.CIDLen,
+				Codec:    codec,
 				Backends: reg,
 			},
 			Limits:      sc.Limits,
@@ -96,6 +104,9 @@ func newProxy(cfg *config, log *slog.Logger, opts Options) (*proxy, error) {
 	}
 	p.pipe = pipe
 	for _, ps := range p.services {
+		if ps.keys != nil {
+			p.sources.Go(func() { ps.keys.Run(ctx) })
+		}
 		u := ps.updater
 		p.sources.Go(func() {
 			if err := ps.source.Run(ctx, u); err != nil && !errors.Is(err, context.Canceled) {
@@ -126,11 +137,15 @@ func (p *proxy) close() {
 	}
 }
 
-// reload asks every file source to read its file now (SIGHUP).
+// reload asks every file source, and every CID key file, to read its file
+// now (SIGHUP).
 func (p *proxy) reload() {
 	for _, ps := range p.services {
 		if ps.file != nil {
 			ps.file.Reload()
+		}
+		if ps.keys != nil {
+			ps.keys.Reload()
 		}
 	}
 }

@@ -31,6 +31,8 @@ type Conn struct {
 	ports  int
 	cidLen int
 	cid    []byte
+	qLen   int
+	dcid   []byte
 	rdl    time.Time
 	closed bool
 }
@@ -122,6 +124,23 @@ func (c *Conn) CID() []byte {
 	return c.cid
 }
 
+// WatchQUICDCID makes the Conn remember the destination connection ID of
+// the latest outgoing QUIC short-header packet, whose DCID has cidLen
+// bytes: the server CID the client uses now, which changes on connection
+// migration (quic-go does not expose it).
+func (c *Conn) WatchQUICDCID(cidLen int) {
+	c.mu.Lock()
+	c.qLen = cidLen
+	c.mu.Unlock()
+}
+
+// DCID returns a copy of the connection ID seen by WatchQUICDCID, or nil.
+func (c *Conn) DCID() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]byte(nil), c.dcid...)
+}
+
 // ReadFrom reads from the current socket; a read interrupted by Rebind
 // continues on the new one.
 func (c *Conn) ReadFrom(b []byte) (int, net.Addr, error) {
@@ -150,6 +169,9 @@ func (c *Conn) WriteTo(b []byte, _ net.Addr) (int, error) {
 		if cl, err := dtls.Classify(b, c.cidLen); err == nil && cl.Kind == dtls.KindEstablished {
 			c.cid = append([]byte(nil), cl.CID...)
 		}
+	}
+	if c.qLen > 0 && len(b) > c.qLen && b[0]&0xc0 == 0x40 {
+		c.dcid = append(c.dcid[:0], b[1:1+c.qLen]...)
 	}
 	c.mu.Unlock()
 	return u.WriteToUDPAddrPort(b, to)

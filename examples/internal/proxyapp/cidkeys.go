@@ -1,0 +1,109 @@
+package proxyapp
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/examples/internal/cidkeys"
+	"github.com/cidroute/cidroute/quic"
+)
+
+// codecEncrypted is the cid_codec value of encrypted QUIC-LB CIDs
+// (quic.LBEncrypted); without cid_codec a service uses its protocol's
+// plaintext codec (ordinal-first for DTLS, QUIC-LB plaintext for QUIC).
+const codecEncrypted = "quic-lb-encrypted"
+
+// cidKeysPoll is how often a key file is checked for changes (tests
+// lengthen it to see SIGHUP alone reload it).
+var cidKeysPoll = time.Second
+
+// cidEncryption is a service's encrypted CID configuration. The keys stay
+// in their file: they are read when the proxy starts (and by -check), and
+// again when the file changes or on SIGHUP.
+type cidEncryption struct {
+	NonceLen int
+	KeysFile string
+}
+
+// parseCIDCodec applies cid_codec, cid_nonce_length and cid_keys_file to
+// s, whose CIDLen holds cid_length or the protocol's default. The CID is 2
+// + nonce octets, so cid_length and cid_nonce_length may each be given
+// alone; both must agree.
+func parseCIDCodec(fs *fileService, s *serviceConfig) error {
+	switch fs.CIDCodec {
+	case "":
+		if fs.CIDNonceLength != 0 || fs.CIDKeysFile != "" {
+			return fmt.Errorf("cid_nonce_length and cid_keys_file need \"cid_codec\": %q", codecEncrypted)
+		}
+		return nil
+	case codecEncrypted:
+	default:
+		return fmt.Errorf("cid_codec %q: want %q, or leave it out for the protocol's plaintext codec", fs.CIDCodec, codecEncrypted)
+	}
+	nonce := fs.CIDNonceLength
+	switch {
+	case nonce == 0:
+		nonce = s.CIDLen - 2 // cid_length, or the default 8 (DTLS) or 12 (QUIC)
+	case fs.CIDLength != 0 && fs.CIDLength != nonce+2:
+		return fmt.Errorf("cid_length %d and cid_nonce_length %d disagree: an encrypted CID is 2 + nonce octets", fs.CIDLength, nonce)
+	}
+	if nonce < quic.LBMinNonceLen || nonce > quic.LBMaxNonceLen {
+		return fmt.Errorf("cid_nonce_length %d: want %d to %d (%d: single-pass AES, 17-octet CIDs)",
+			nonce, quic.LBMinNonceLen, quic.LBMaxNonceLen, quic.LBSinglePassNonceLen)
+	}
+	if fs.CIDKeysFile == "" {
+		return fmt.Errorf("cid_keys_file is required with cid_codec %q", codecEncrypted)
+	}
+	s.CIDLen = nonce + 2
+	s.CIDEncryption = &cidEncryption{NonceLen: nonce, KeysFile: fs.CIDKeysFile}
+	return nil
+}
+
+// resolve makes a relative key file path relative to dir (the config
+// file's directory), as backends_file is.
+func (e *cidEncryption) resolve(dir string) {
+	if e != nil && !filepath.IsAbs(e.KeysFile) {
+		e.KeysFile = filepath.Join(dir, e.KeysFile)
+	}
+}
+
+// summary is the codec's part of the config summary (no key material).
+func (e *cidEncryption) summary() string {
+	if e == nil {
+		return ""
+	}
+	return fmt.Sprintf(", %s with %d-octet nonces, keys from %s", codecEncrypted, e.NonceLen, e.KeysFile)
+}
+
+// checkCIDKeyFiles reads every service's key file once, for -check.
+func (c *config) checkCIDKeyFiles() error {
+	for _, s := range c.Services {
+		if e := s.CIDEncryption; e != nil {
+			if _, err := cidkeys.Open(e.KeysFile, e.NonceLen); err != nil {
+				return fmt.Errorf("service %q: cid_keys_file: %w", s.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// cidCodec makes the service's codec: nil (the protocol's plaintext
+// default) or an encrypted one with the key file's keys, which ps.keys
+// then keeps in step with the file.
+func (ps *proxyService) cidCodec(log *slog.Logger) (cidroute.CIDCodec, error) {
+	e := ps.cfg.CIDEncryption
+	if e == nil {
+		return nil, nil
+	}
+	f, err := cidkeys.Open(e.KeysFile, e.NonceLen)
+	if err != nil {
+		return nil, fmt.Errorf("cid_keys_file: %w", err)
+	}
+	f.Interval, f.Logger = cidKeysPoll, log
+	log.Info("CID keys loaded", "cid_keys_file", e.KeysFile, "codec", f.Codec().String())
+	ps.keys = f
+	return f.Codec(), nil
+}
