@@ -81,3 +81,10 @@ func newRegistry(t testing.TB, seed uint64, bs ...registry.Backend) *registry.Re
 func backend(ord uint8, addr string, st registry.State) registry.Backend {
 	return registry.Backend{Ordinal: ord, Addr: netip.MustParseAddrPort(addr), Weight: 1, State: st}
 }
+
+// route applies the forward rule against the router's current registry,
+// with no own addresses and no admission limits.
+func route(r *Router, hdr, b []byte, client netip.AddrPort) (Decision, []byte) {
+	v := r.View(nil)
+	return r.Forward(hdr, b, client, netip.Addr{}, &v)
+}

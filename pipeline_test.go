@@ -81,7 +81,7 @@ func startProxy(t testing.TB, proto Protocol, bs []registry.Backend, mod func(*S
 	t.Helper()
 	reg := newRegistry(t, 42, bs...)
 	s := Service{Name: "svc", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 2,
-		RouterConfig: RouterConfig{Protocol: proto, Service: publicAddr, Backends: reg}}
+		RouterConfig: RouterConfig{Protocol: proto, PublicAddr: publicAddr, Backends: reg}}
 	if mod != nil {
 		mod(&s)
 	}
@@ -97,6 +97,8 @@ func startProxy(t testing.TB, proto Protocol, bs []registry.Backend, mod func(*S
 }
 
 func (tp *testProxy) addr() netip.AddrPort { a, _ := tp.p.Addr("svc"); return a }
+
+func (tp *testProxy) router() *Router { r, _ := tp.p.Router("svc"); return r }
 
 func (tp *testProxy) stats() ServiceStats { return tp.p.Stats()[0] }
 
@@ -224,7 +226,7 @@ func TestPipelineReplicasAgree(t *testing.T) {
 
 func TestPipelineCIDSurvivesRebinding(t *testing.T) {
 	cl := startCluster(t, DTLS, registry.Ready, registry.Ready, registry.Ready)
-	codec := cl.proxies[0].p.Router("svc").Codec()
+	codec := cl.proxies[0].router().Codec()
 	for ord := range 3 {
 		cid := ordinalCID(t, codec, uint8(ord))
 		for i := range 6 { // a new client socket each time: NAT rebinding
@@ -238,7 +240,7 @@ func TestPipelineCIDSurvivesRebinding(t *testing.T) {
 
 func TestPipelineDrainAndRemove(t *testing.T) {
 	cl := startCluster(t, DTLS, registry.Ready, registry.Ready, registry.Ready)
-	codec := cl.proxies[0].p.Router("svc").Codec()
+	codec := cl.proxies[0].router().Codec()
 	cid1 := ordinalCID(t, codec, 1)
 	c := newClient(t)
 	require.Equal(t, 1, c.ask(cl.proxies[0].addr(), dtlsCIDRecord(cid1, 1, []byte("a"))))
@@ -269,7 +271,7 @@ func TestPipelineStaleRegistry(t *testing.T) {
 	reg := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: e.addr(), State: registry.Ready})
 	stale.Registry = reg
 	tp := startProxy(t, QUIC, nil, func(s *Service) { s.Backends = stale })
-	codec := tp.p.Router("svc").Codec()
+	codec := tp.router().Codec()
 	c := newClient(t)
 	initial := quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200)
 	short := quicShort(ordinalCID(t, codec, 0))
@@ -294,7 +296,7 @@ func (s *toggleStale) Stale() bool { return s.on.Load() }
 func TestPipelineReversePathChecks(t *testing.T) {
 	cl := startCluster(t, DTLS, registry.Ready)
 	tp := cl.proxies[0]
-	up := tp.p.UpstreamAddrs("svc")
+	up, _ := tp.p.UpstreamAddrs("svc")
 	require.Len(t, up, 2)
 	victim := newClient(t)
 	rogue := newClient(t)
@@ -378,7 +380,7 @@ func BenchmarkPipelineEcho(b *testing.B) {
 	e := startEcho(b, 0)
 	tp := startProxy(b, DTLS, []registry.Backend{{Ordinal: 0, Addr: e.addr(), State: registry.Ready}},
 		func(s *Service) { s.Workers = 1 })
-	codec := tp.p.Router("svc").Codec()
+	codec := tp.router().Codec()
 	rec := dtlsCIDRecord(ordinalCID(b, codec, 0), 1, make([]byte, 100))
 	c := newClient(b)
 	to := tp.addr()

@@ -22,14 +22,14 @@ var (
 
 func dtlsRouter(t testing.TB, reg Backends) *Router {
 	t.Helper()
-	r, err := NewRouter(RouterConfig{Protocol: DTLS, Service: svcAddr, Backends: reg})
+	r, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg})
 	require.NoError(t, err)
 	return r
 }
 
 func quicRouter(t testing.TB, reg Backends) *Router {
 	t.Helper()
-	r, err := NewRouter(RouterConfig{Protocol: QUIC, Service: svcAddr, Backends: reg})
+	r, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg})
 	require.NoError(t, err)
 	return r
 }
@@ -47,7 +47,11 @@ func threeBackends(t testing.TB) *registry.Registry {
 func TestRouteTable(t *testing.T) {
 	reg := threeBackends(t)
 	dr, qr := dtlsRouter(t, reg), quicRouter(t, reg)
+	qrHash, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, Unroutable: UnroutableHash})
+	require.NoError(t, err)
 	dc, qc := dr.Codec(), qr.Codec()
+	otherRotation := ordinalCID(t, qc, 0)
+	otherRotation[0] = 0x20 | otherRotation[0]&0x1f
 	reserved := ordinalCID(t, dc, 0)
 	reserved[0] = 255
 	qReserved := ordinalCID(t, qc, 0)
@@ -77,7 +81,10 @@ func TestRouteTable(t *testing.T) {
 		{"quic short gone", qr, quicShort(ordinalCID(t, qc, 2)), NotServing, 0},
 		{"quic short unknown", qr, quicShort(ordinalCID(t, qc, 200)), UnknownOrdinal, 0},
 		{"quic short reserved", qr, quicShort(qReserved), UnknownOrdinal, 0},
-		{"quic short unroutable: hash the client", qr, quicShort(unroutable), Forwarded, -1},
+		{"quic short unroutable: hash the client", qrHash, quicShort(unroutable), Forwarded, -1},
+		{"quic short unroutable: dropped by default", qr, quicShort(unroutable), Unroutable, 0},
+		{"quic short of another config rotation: dropped by default", qr, quicShort(otherRotation), Unroutable, 0},
+		{"quic handshake unroutable: dropped by default", qr, quicLong(2, unroutable, []byte{1}, 0), Unroutable, 0},
 		{"quic handshake", qr, quicLong(2, ordinalCID(t, qc, 0), []byte{1, 2, 3, 4, 5, 6, 7, 8}, 0), Forwarded, 0},
 		{"quic initial, client dcid", qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200), Forwarded, -1},
 		{"quic initial, server cid", qr, quicLong(0, ordinalCID(t, qc, 1), nil, 1200), Forwarded, 1},
@@ -86,7 +93,7 @@ func TestRouteTable(t *testing.T) {
 		{"quic initial too small", qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 0), Malformed, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, hdr := tc.r.Route(make([]byte, 0, 64), tc.b, client1)
+			d, hdr := route(tc.r, make([]byte, 0, 64), tc.b, client1)
 			require.Equal(t, tc.reason, d.Reason, "err %v", d.Err)
 			if tc.reason != Forwarded {
 				assert.Empty(t, hdr)
@@ -114,19 +121,19 @@ func TestRouteNewSessions(t *testing.T) {
 	t.Run("stale registry refuses new sessions only", func(t *testing.T) {
 		reg := &staleBackends{threeBackends(t)}
 		dr := dtlsRouter(t, reg)
-		d, _ := dr.Route(nil, dtlsClientHello(1), client1)
+		d, _ := route(dr, nil, dtlsClientHello(1), client1)
 		assert.Equal(t, StaleRegistry, d.Reason)
-		d, _ = dr.Route(nil, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 1), 1, []byte("x")), client1)
+		d, _ = route(dr, nil, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 1), 1, []byte("x")), client1)
 		assert.Equal(t, Forwarded, d.Reason)
 		qr := quicRouter(t, reg)
-		d, _ = qr.Route(nil, quicLong(0, []byte{9, 9, 9, 9, 9, 9, 9, 9}, nil, 1200), client1)
+		d, _ = route(qr, nil, quicLong(0, []byte{9, 9, 9, 9, 9, 9, 9, 9}, nil, 1200), client1)
 		assert.Equal(t, StaleRegistry, d.Reason)
-		d, _ = qr.Route(nil, quicShort(ordinalCID(t, qr.Codec(), 0)), client1)
+		d, _ = route(qr, nil, quicShort(ordinalCID(t, qr.Codec(), 0)), client1)
 		assert.Equal(t, Forwarded, d.Reason)
 	})
 	t.Run("no ready backend", func(t *testing.T) {
 		reg := newRegistry(t, 1, backend(0, "10.0.0.1:1", registry.Draining))
-		d, _ := dtlsRouter(t, reg).Route(nil, dtlsClientHello(1), client1)
+		d, _ := route(dtlsRouter(t, reg), nil, dtlsClientHello(1), client1)
 		assert.Equal(t, NoReadyBackend, d.Reason)
 	})
 	t.Run("same client, same backend; the key is client and service", func(t *testing.T) {
@@ -140,8 +147,8 @@ func TestRouteNewSessions(t *testing.T) {
 		seen := map[uint8]bool{}
 		for port := range uint16(200) {
 			c := netip.AddrPortFrom(client1.Addr(), 30000+port)
-			d1, _ := dr.Route(nil, dtlsClientHello(1), c)
-			d2, _ := dr.Route(nil, dtlsClientHello(2), c) // the cookie round of the same handshake
+			d1, _ := route(dr, nil, dtlsClientHello(1), c)
+			d2, _ := route(dr, nil, dtlsClientHello(2), c) // the cookie round of the same handshake
 			require.Equal(t, d1.Ordinal, d2.Ordinal)
 			b, _ := reg.Snapshot().PickNewAddrs(c, svcAddr)
 			require.Equal(t, b.Ordinal, d1.Ordinal)
@@ -153,9 +160,9 @@ func TestRouteNewSessions(t *testing.T) {
 		reg := threeBackends(t)
 		qr := quicRouter(t, reg)
 		dcid := []byte{0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4}
-		d1, _ := qr.Route(nil, quicLong(0, dcid, []byte{1}, 1200), client1)
-		d2, _ := qr.Route(nil, quicLong(0, dcid, []byte{1}, 1300), netip.MustParseAddrPort("203.0.113.9:1"))
-		d3, _ := qr.Route(nil, quicLong(1, dcid, []byte{1}, 0), client1)
+		d1, _ := route(qr, nil, quicLong(0, dcid, []byte{1}, 1200), client1)
+		d2, _ := route(qr, nil, quicLong(0, dcid, []byte{1}, 1300), netip.MustParseAddrPort("203.0.113.9:1"))
+		d3, _ := route(qr, nil, quicLong(1, dcid, []byte{1}, 0), client1)
 		assert.Equal(t, d1.Ordinal, d2.Ordinal)
 		assert.Equal(t, d1.Ordinal, d3.Ordinal)
 	})
@@ -168,8 +175,8 @@ func TestReplicasAgree(t *testing.T) {
 	a, b := mk(), mk()
 	for i := range 5000 {
 		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 1}), uint16(i))
-		da, _ := a.Route(nil, dtlsClientHello(byte(i)), c)
-		db, _ := b.Route(nil, dtlsClientHello(byte(i)), c)
+		da, _ := route(a, nil, dtlsClientHello(byte(i)), c)
+		db, _ := route(b, nil, dtlsClientHello(byte(i)), c)
 		require.Equal(t, da, db)
 	}
 }
@@ -177,26 +184,26 @@ func TestReplicasAgree(t *testing.T) {
 func TestRouterConfig(t *testing.T) {
 	reg := threeBackends(t)
 	for _, cfg := range []RouterConfig{
-		{Protocol: DTLS, Service: svcAddr},
+		{Protocol: DTLS, PublicAddr: svcAddr},
 		{Protocol: DTLS, Backends: reg},
-		{Service: svcAddr, Backends: reg},
-		{Protocol: DTLS, Service: svcAddr, Backends: reg, CIDLen: 1000},
-		{Protocol: QUIC, Service: svcAddr, Backends: reg, CIDLen: 40},
-		{Protocol: DTLS, Service: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}, CIDLen: 6},
+		{PublicAddr: svcAddr, Backends: reg},
+		{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg, CIDLen: 1000},
+		{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, CIDLen: 40},
+		{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}, CIDLen: 6},
 	} {
 		_, err := NewRouter(cfg)
 		assert.ErrorIs(t, err, ErrConfig, "%+v", cfg)
 	}
-	r, err := NewRouter(RouterConfig{Protocol: QUIC, Service: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}})
+	r, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}})
 	require.NoError(t, err)
-	d, _ := r.Route(nil, quicShort(ordinalCID(t, r.Codec(), 3)), client1)
+	d, _ := route(r, nil, quicShort(ordinalCID(t, r.Codec(), 3)), client1)
 	assert.Equal(t, uint8(3), d.Ordinal, "a QUIC service may use the ordinal-first codec")
 }
 
 func TestCustomClassifier(t *testing.T) {
 	reg := threeBackends(t)
 	errBad := errors.New("not mine")
-	r, err := NewRouter(RouterConfig{Service: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{},
+	r, err := NewRouter(RouterConfig{PublicAddr: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{},
 		Classifier: ClassifierFunc(func(b []byte) (Class, error) {
 			if len(b) < 9 || b[0] != 'C' {
 				return Class{}, errBad
@@ -204,9 +211,9 @@ func TestCustomClassifier(t *testing.T) {
 			return Class{Kind: KindEstablished, ID: b[1:9]}, nil
 		})})
 	require.NoError(t, err)
-	d, _ := r.Route(nil, append([]byte{'C'}, ordinalCID(t, r.Codec(), 3)...), client1)
+	d, _ := route(r, nil, append([]byte{'C'}, ordinalCID(t, r.Codec(), 3)...), client1)
 	assert.Equal(t, uint8(3), d.Ordinal)
-	d, _ = r.Route(nil, []byte("x"), client1)
+	d, _ = route(r, nil, []byte("x"), client1)
 	assert.Equal(t, Malformed, d.Reason)
 	assert.ErrorIs(t, d.Err, errBad)
 }
@@ -225,7 +232,7 @@ func TestRouteNoAllocs(t *testing.T) {
 		"quic initial": {qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200)},
 		"malformed":    {dr, []byte{25, 0xfe}},
 	} {
-		if n := testing.AllocsPerRun(200, func() { tc.r.Route(hdr, tc.b, client1) }); n != 0 {
+		if n := testing.AllocsPerRun(200, func() { route(tc.r, hdr, tc.b, client1) }); n != 0 {
 			t.Errorf("%s: %v allocs per Route", name, n)
 		}
 	}
@@ -254,7 +261,7 @@ func BenchmarkRoute(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(bc.d)))
 			reportCPU(b, func() {
-				if d, _ := bc.r.Route(hdr, bc.d, client1); d.Reason != Forwarded {
+				if d, _ := route(bc.r, hdr, bc.d, client1); d.Reason != Forwarded {
 					b.Fatal(d.Reason)
 				}
 			})

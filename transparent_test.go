@@ -70,7 +70,7 @@ func startTransparent(t testing.TB, n int, mod func(*Service)) (*testProxy, []*p
 
 func TestTransparentRouting(t *testing.T) {
 	tp, es := startTransparent(t, 3, nil)
-	codec := tp.p.Router("svc").Codec()
+	codec := tp.router().Codec()
 	// New sessions spread by HRW, each client seen from its own source.
 	used := map[int]bool{}
 	for i := range 20 {
@@ -125,13 +125,13 @@ func TestTransparentRepliesOnlyFromBackend(t *testing.T) {
 	c := newClient(t)
 	require.Equal(t, 0, c.ask(tp.addr(), dtlsClientHello(1)))
 	// Find the session's upstream socket and aim a stranger at it.
-	w := tp.p.services[0].workers[0]
-	w.sessions.mu.Lock()
+	st := tp.p.services[0].workers[0].up.(*sessionTable)
+	st.mu.Lock()
 	var up netip.AddrPort
-	for _, s := range w.sessions.sessions {
+	for _, s := range st.table {
 		up = s.conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	}
-	w.sessions.mu.Unlock()
+	st.mu.Unlock()
 	require.True(t, up.IsValid())
 	rogue := newClient(t)
 	_, err := rogue.conn.WriteToUDPAddrPort([]byte("0|spoofed"), up)
@@ -152,13 +152,20 @@ func TestTransparentConfig(t *testing.T) {
 
 func TestTransparentDefaults(t *testing.T) {
 	// Zero settings mean the documented defaults: idle sessions expire
-	// after 2 minutes, and a worker's table holds DefaultMaxSessions.
+	// after 2 minutes, and a worker's table holds what RLIMIT_NOFILE
+	// leaves for sessions, at most DefaultMaxSessions.
 	require.Equal(t, 2*time.Minute, DefaultSessionIdle)
 	tp, _ := startTransparent(t, 1, nil)
 	// A round trip, so that Run has started before the test's Close.
 	require.Equal(t, 0, newClient(t).ask(tp.addr(), dtlsClientHello(1)))
+	budget, _, ok := sessionBudget(2 + 1)
+	want := DefaultMaxSessions
+	if ok {
+		want = int(min(budget/2, DefaultMaxSessions))
+	}
 	for _, w := range tp.p.services[0].workers {
-		assert.Equal(t, DefaultMaxSessions, w.sessions.max)
-		assert.Equal(t, int64(DefaultSessionIdle), w.sessions.idle)
+		st := w.up.(*sessionTable)
+		assert.Equal(t, want, st.max)
+		assert.Equal(t, int64(DefaultSessionIdle), st.idle)
 	}
 }

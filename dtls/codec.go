@@ -13,8 +13,11 @@ const ReservedOrdinal = 255
 // ErrReservedOrdinal is returned when asked to encode ReservedOrdinal.
 var ErrReservedOrdinal = errors.New("dtls: ordinal 255 is reserved")
 
+// OrdinalFirstDefaultLen is the CID length of the zero OrdinalFirst, the
+// DTLS default.
+const OrdinalFirstDefaultLen = 8
+
 const (
-	defaultOrdinalFirstLen = 8
 	// One ordinal byte and at least four random bytes, as QUIC-LB asks of
 	// its nonce: pion routes a listener's datagrams by CID, so two live
 	// sessions of one backend must not draw the same CID.
@@ -39,7 +42,7 @@ type OrdinalFirst struct {
 // Len returns the CID length, 8 for the zero value.
 func (c OrdinalFirst) Len() int {
 	if c.Length == 0 {
-		return defaultOrdinalFirstLen
+		return OrdinalFirstDefaultLen
 	}
 	return c.Length
 }

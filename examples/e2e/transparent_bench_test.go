@@ -87,8 +87,8 @@ func benchTransparentMode(b *testing.B, transparent bool) {
 	require.NoError(b, reg.Update(backends))
 	p, err := cidroute.New(cidroute.Config{
 		Services: []cidroute.Service{{Name: "bench", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
-			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg},
-			RecvBuffer:   4 << 20, SendBuffer: 4 << 20, Transparent: transparent}},
+			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg, Transparent: transparent},
+			RecvBuffer:   4 << 20, SendBuffer: 4 << 20}},
 		Logger: quiet(),
 	})
 	require.NoError(b, err)

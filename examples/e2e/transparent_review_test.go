@@ -101,7 +101,7 @@ func runTransparentPipeline(t *testing.T, mod func(*cidroute.Service), backends 
 	t.Cleanup(reg.Close)
 	require.NoError(t, reg.Update(transparentBackends(backends...)))
 	sc := cidroute.Service{Name: "svc", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
-		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg}, Transparent: true}
+		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg, Transparent: true}}
 	if mod != nil {
 		mod(&sc)
 	}

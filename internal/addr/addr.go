@@ -59,3 +59,12 @@ func probes() []netip.Addr {
 		netip.AddrFrom16([16]byte{10: 0xff, 11: 0xff, 12: 10, 15: 1}),
 	}
 }
+
+// Unmap returns a with an IPv4-mapped IPv6 address in its IPv4 form, the
+// form sockets (udpio), the registry and PPv2 decoding report.
+func Unmap(a netip.AddrPort) netip.AddrPort {
+	if a.Addr().Is4In6() {
+		return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+	}
+	return a
+}
