@@ -177,6 +177,13 @@ func (sc *Service) validate() error {
 // share of the descriptors RLIMIT_NOFILE leaves, and refuses tables that
 // cannot fit it (see Service.MaxSessions).
 func sizeSessions(svcs []Service) error {
+	limit, ok := fdLimit()
+	return sizeSessionsFor(svcs, limit, ok)
+}
+
+// sizeSessionsFor is sizeSessions for a limit of limit descriptors (ok
+// false: no limit).
+func sizeSessionsFor(svcs []Service, limit uint64, ok bool) error {
 	own, workers, configured := 0, 0, 0
 	for _, sc := range svcs {
 		own += sc.Workers // service sockets
@@ -190,7 +197,11 @@ func sizeSessions(svcs []Service) error {
 	if workers == 0 {
 		return nil
 	}
-	budget, limit, ok := sessionBudget(own + 1) // +1: the address watcher
+	own++ // the address watcher's socket
+	var budget uint64
+	if need := fdReserve(limit) + uint64(own); ok && limit > need {
+		budget = limit - need
+	}
 	for i := range svcs {
 		sc := &svcs[i]
 		switch {
@@ -201,13 +212,13 @@ func sizeSessions(svcs []Service) error {
 			sc.MaxSessions = int(min(budget/uint64(workers), DefaultMaxSessions))
 			if sc.MaxSessions == 0 {
 				return fmt.Errorf("service %s: RLIMIT_NOFILE %d leaves no descriptors for transparent sessions (reserve %d, own sockets %d): %w",
-					sc.Name, limit, fdReserve(limit), own+1, ErrConfig)
+					sc.Name, limit, fdReserve(limit), own, ErrConfig)
 			}
 		}
 	}
 	if ok && uint64(configured) > budget {
-		return fmt.Errorf("max_sessions of %d in all need %d descriptors, RLIMIT_NOFILE %d leaves %d (reserve %d, own sockets %d): %w",
-			configured, configured, limit, budget, fdReserve(limit), own+1, ErrConfig)
+		return fmt.Errorf("transparent sessions of %d in all (max sessions × workers) need as many descriptors, RLIMIT_NOFILE %d leaves %d (reserve %d, own sockets %d): %w",
+			configured, limit, budget, fdReserve(limit), own, ErrConfig)
 	}
 	return nil
 }

@@ -55,21 +55,6 @@ func fdReserve(limit uint64) uint64 { return max(fdReserveMin, limit/8) }
 
 const fdReserveMin = 64
 
-// sessionBudget returns how many transparent sessions the process can
-// hold in all: RLIMIT_NOFILE less the pipeline's own sockets and the
-// reserve. ok is false when the limit is unknown (no RLIMIT_NOFILE).
-func sessionBudget(ownSockets int) (budget uint64, limit uint64, ok bool) {
-	limit, ok = fdLimit()
-	if !ok {
-		return 0, 0, false
-	}
-	need := fdReserve(limit) + uint64(ownSockets)
-	if limit <= need {
-		return 0, limit, true
-	}
-	return limit - need, limit, true
-}
-
 // flow is a transparent session's key.
 type flow struct{ client, backend netip.AddrPort }
 

@@ -158,11 +158,11 @@ func TestTransparentDefaults(t *testing.T) {
 	tp, _ := startTransparent(t, 1, nil)
 	// A round trip, so that Run has started before the test's Close.
 	require.Equal(t, 0, newClient(t).ask(tp.addr(), dtlsClientHello(1)))
-	budget, _, ok := sessionBudget(2 + 1)
-	want := DefaultMaxSessions
-	if ok {
-		want = int(min(budget/2, DefaultMaxSessions))
-	}
+	svcs := []Service{{Name: "svc", Workers: 2, RouterConfig: RouterConfig{Transparent: true}}}
+	require.NoError(t, sizeSessions(svcs))
+	want := svcs[0].MaxSessions
+	require.Positive(t, want)
+	require.LessOrEqual(t, want, DefaultMaxSessions)
 	for _, w := range tp.p.services[0].workers {
 		st := w.up.(*sessionTable)
 		assert.Equal(t, want, st.max)
