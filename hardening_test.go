@@ -62,9 +62,9 @@ func settle(t *testing.T, p *Pipeline) map[string]ServiceStats {
 func TestPipelineSiblingReflection(t *testing.T) {
 	ea, eb := startEcho(t, 0), startEcho(t, 1)
 	rogue := newClient(t)
-	regA := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: ea.addr(), State: registry.Ready},
+	regA := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: ea.Addr(), State: registry.Ready},
 		registry.Backend{Ordinal: 1, Addr: rogue.addr(), State: registry.Ready})
-	regB := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: eb.addr(), State: registry.Ready})
+	regB := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: eb.Addr(), State: registry.Ready})
 	p, err := New(Config{Logger: quietLog, Services: []Service{
 		{Name: "a", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1, RouterConfig: RouterConfig{Protocol: DTLS, Backends: regA}},
 		{Name: "b", Listen: netip.MustParseAddrPort("0.0.0.0:0"), Workers: 1,
@@ -133,7 +133,7 @@ func TestPipelineBackendIsOwnAddress(t *testing.T) {
 
 	for _, transparent := range []bool{false, true} {
 		e := startEcho(t, 0)
-		reg := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: e.addr(), State: registry.Ready})
+		reg := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: e.Addr(), State: registry.Ready})
 		p, err := New(Config{Logger: quietLog, Services: []Service{
 			{Name: "s", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
 				RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg, Transparent: transparent}},
@@ -171,7 +171,7 @@ func freeUDPPort(t *testing.T) uint16 {
 // CID.
 func TestPipelineMixedDatagramsLimited(t *testing.T) {
 	e := startEcho(t, 0)
-	bs := []registry.Backend{{Ordinal: 0, Addr: e.addr(), State: registry.Ready}}
+	bs := []registry.Backend{{Ordinal: 0, Addr: e.Addr(), State: registry.Ready}}
 	limits := Limits{HandshakePPS: 1, ZeroRTTPPS: 1}
 	dp := startProxy(t, DTLS, bs, func(s *Service) { s.Workers, s.Limits = 1, limits })
 	qp := startProxy(t, QUIC, bs, func(s *Service) { s.Workers, s.Limits = 1, limits })

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,57 +14,17 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/internal/testecho"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/registry"
 )
 
-// echoBackend is a PPv2 backend: it strips the header, records what it got
-// and echoes "<ordinal>|payload" back through the proxy that sent it, with
-// the reverse header (source = service, destination = client).
-type echoBackend struct {
-	ord     uint8
-	conn    *net.UDPConn
-	mu      sync.Mutex
-	clients map[netip.AddrPort]int // claimed client → datagrams
-	proxies map[netip.AddrPort]int // measured sender → datagrams
-	got     atomic.Int64
+// startEcho starts the PPv2 echo backend of ordinal ord: it answers each
+// datagram with "<ord>|payload" behind the reverse header, through the
+// proxy that sent it.
+func startEcho(t testing.TB, ord uint8) *testecho.Echo {
+	return testecho.Start(t, testecho.Config{PPv2: true, Prefix: fmt.Sprintf("%d|", ord)})
 }
-
-func startEcho(t testing.TB, ord uint8) *echoBackend {
-	t.Helper()
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	e := &echoBackend{ord: ord, conn: c, clients: map[netip.AddrPort]int{}, proxies: map[netip.AddrPort]int{}}
-	done := make(chan struct{})
-	t.Cleanup(func() { c.Close(); <-done })
-	go func() {
-		defer close(done)
-		buf := make([]byte, 65536)
-		out := make([]byte, 0, 65536)
-		for {
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			h, off, err := ppv2.Parse(buf[:n])
-			if err != nil {
-				continue
-			}
-			e.mu.Lock()
-			e.clients[h.Src]++
-			e.proxies[from]++
-			e.mu.Unlock()
-			e.got.Add(1)
-			out, _ = ppv2.AppendHeader(out[:0], ppv2.Header{Command: ppv2.Proxy, Src: h.Dst, Dst: h.Src})
-			out = fmt.Appendf(out, "%d|", e.ord)
-			out = append(out, buf[off:n]...)
-			c.WriteToUDPAddrPort(out, from)
-		}
-	}()
-	return e
-}
-
-func (e *echoBackend) addr() netip.AddrPort { return e.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
 
 // testProxy is one replica: its registry and running pipeline.
 type testProxy struct {
@@ -156,7 +115,7 @@ func (c *testClient) ask(to netip.AddrPort, b []byte) int {
 }
 
 type cluster struct {
-	backends []*echoBackend
+	backends []*testecho.Echo
 	proxies  []*testProxy
 }
 
@@ -166,7 +125,7 @@ func startCluster(t testing.TB, proto Protocol, states ...registry.State) *clust
 	for i, st := range states {
 		e := startEcho(t, uint8(i))
 		cl.backends = append(cl.backends, e)
-		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.addr(), Weight: 1, State: st})
+		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.Addr(), Weight: 1, State: st})
 	}
 	for range 2 {
 		cl.proxies = append(cl.proxies, startProxy(t, proto, bs, nil))
@@ -184,7 +143,7 @@ func (cl *cluster) update(t testing.TB, bs []registry.Backend) {
 func (cl *cluster) backendList(states ...registry.State) []registry.Backend {
 	var bs []registry.Backend
 	for i, st := range states {
-		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: cl.backends[i].addr(), Weight: 1, State: st})
+		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: cl.backends[i].Addr(), Weight: 1, State: st})
 	}
 	return bs
 }
@@ -213,10 +172,7 @@ func TestPipelineReplicasAgree(t *testing.T) {
 		require.Equal(t, a, b, "both replicas pick the same backend for a new session")
 		used[a] = true
 		// The backend saw the client as measured by the proxy.
-		e := cl.backends[a]
-		e.mu.Lock()
-		require.Equal(t, 2, e.clients[c.addr()])
-		e.mu.Unlock()
+		require.Equal(t, 2, cl.backends[a].Clients()[c.addr()])
 	}
 	assert.Len(t, used, 3, "30 clients spread over 3 backends")
 	st := cl.balanced(t)
@@ -268,7 +224,7 @@ func TestPipelineDrainAndRemove(t *testing.T) {
 func TestPipelineStaleRegistry(t *testing.T) {
 	e := startEcho(t, 0)
 	stale := &toggleStale{}
-	reg := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: e.addr(), State: registry.Ready})
+	reg := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: e.Addr(), State: registry.Ready})
 	stale.Registry = reg
 	tp := startProxy(t, QUIC, nil, func(s *Service) { s.Backends = stale })
 	codec := tp.router().Codec()
@@ -300,7 +256,7 @@ func TestPipelineReversePathChecks(t *testing.T) {
 	require.Len(t, up, 2)
 	victim := newClient(t)
 	rogue := newClient(t)
-	be := cl.backends[0].conn
+	be := cl.backends[0].Conn()
 
 	reply := func(src, dst netip.AddrPort) []byte {
 		b, err := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: src, Dst: dst})
@@ -378,7 +334,7 @@ func TestPipelineLifecycle(t *testing.T) {
 // (the client and backend loops allocate nothing themselves).
 func BenchmarkPipelineEcho(b *testing.B) {
 	e := startEcho(b, 0)
-	tp := startProxy(b, DTLS, []registry.Backend{{Ordinal: 0, Addr: e.addr(), State: registry.Ready}},
+	tp := startProxy(b, DTLS, []registry.Backend{{Ordinal: 0, Addr: e.Addr(), State: registry.Ready}},
 		func(s *Service) { s.Workers = 1 })
 	codec := tp.router().Codec()
 	rec := dtlsCIDRecord(ordinalCID(b, codec, 0), 1, make([]byte, 100))

@@ -18,8 +18,6 @@ import (
 	"time"
 
 	"github.com/cidroute/cidroute/dtls"
-	"github.com/cidroute/cidroute/examples/internal/dtlsrec"
-	"github.com/cidroute/cidroute/examples/internal/ppecho"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute/internal/testecho"
@@ -37,12 +35,10 @@ func TestBinary(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 
-	var backends []*ppecho.Backend
+	var backends []*testecho.Echo
 	var list []string
 	for ord := range 3 {
-		b, err := ppecho.Listen(ppecho.Config{})
-		require.NoError(t, err)
-		t.Cleanup(func() { b.Close() })
+		b := testecho.Start(t, testecho.Config{PPv2: true})
 		backends = append(backends, b)
 		state := "ready"
 		if ord == 2 {
@@ -135,17 +131,17 @@ func TestBinary(t *testing.T) {
 		echoed++
 	}
 	for i := range rounds {
-		exchange(dtlsrec.AppendClientHello(nil, uint64(i), []byte("hello")), true)
+		exchange(helloRecord(uint64(i), []byte("hello")), true)
 		for ord := range uint8(3) {
 			cid, err := cidCodec.AppendCID(nil, ord)
 			require.NoError(t, err)
-			exchange(dtlsrec.AppendCIDRecord(nil, uint64(i), cid, []byte("data")), true)
+			exchange(cidRecord(uint64(i), cid, []byte("data")), true)
 		}
 	}
 	// Drops: garbage (malformed) and a CID naming no backend.
 	exchange([]byte("not dtls"), false)
 	unknown, _ := cidCodec.AppendCID(nil, 7)
-	exchange(dtlsrec.AppendCIDRecord(nil, 0, unknown, []byte("x")), false)
+	exchange(cidRecord(0, unknown, []byte("x")), false)
 	require.Equal(t, 4*rounds, echoed)
 
 	// Backends: each CID went to its ordinal; the draining one got no
@@ -191,7 +187,7 @@ func TestBinary(t *testing.T) {
 	for i := range plainClients {
 		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
 		require.NoError(t, err)
-		msg := dtlsrec.AppendClientHello(nil, uint64(i), []byte("plain"))
+		msg := helloRecord(uint64(i), []byte("plain"))
 		_, err = c.WriteToUDPAddrPort(msg, plain)
 		require.NoError(t, err)
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))

@@ -18,9 +18,9 @@ import (
 	pion "github.com/pion/dtls/v3"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/dtls/piondtls"
 	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
-	"github.com/cidroute/cidroute/examples/internal/dtlsrec"
 	"github.com/cidroute/cidroute/examples/internal/rebind"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
@@ -148,7 +148,11 @@ func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Durati
 // replicasAgree runs the pure routing step of both replicas on the same
 // ClientHello from many client addresses and counts identical choices.
 func replicasAgree(rs []*proxy) (agree, total int) {
-	hello := dtlsrec.AppendClientHello(nil, 0, []byte("agree"))
+	hello, err := dtls.AppendRecord(nil, dtls.Record{Type: dtls.Handshake,
+		Fragment: dtls.AppendHandshake(nil, dtls.HandshakeClientHello, 0, []byte("agree"))})
+	if err != nil {
+		panic(err) // a fixed, valid record
+	}
 	var hdr [64]byte
 	r0, _ := rs[0].pipe.Router(demoService)
 	r1, _ := rs[1].pipe.Router(demoService)
