@@ -52,14 +52,16 @@ func NewOwnAddrs(bound []netip.AddrPort, host []netip.Addr) *OwnAddrs {
 }
 
 // Contains reports whether a datagram sent to a reaches this process.
+// It inlines to two loads for a port the process has not bound, the
+// common case on both paths.
 func (o *OwnAddrs) Contains(a netip.AddrPort) bool {
-	if o == nil {
-		return false
-	}
+	return o != nil && o.hasPort(a.Port()) && o.contains(a)
+}
+
+func (o *OwnAddrs) hasPort(p uint16) bool { return o.ports[p>>6]>>(p&63)&1 != 0 }
+
+func (o *OwnAddrs) contains(a netip.AddrPort) bool {
 	p := a.Port()
-	if o.ports[p>>6]&(1<<(p&63)) == 0 {
-		return false
-	}
 	ip := plain(a.Addr())
 	if slices.Contains(o.exact, netip.AddrPortFrom(ip, p)) {
 		return true

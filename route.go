@@ -342,14 +342,20 @@ type Decision struct {
 // datagram is forwarded. Forward does not allocate when hdr has room
 // (HeaderRoom).
 func (r *Router) Forward(hdr, b []byte, client netip.AddrPort, local netip.Addr, v *View) (d Decision, out []byte) {
-	out = hdr
+	out = r.forward(&d, hdr, b, client, local, v) // inlined: d is filled where the caller keeps it
+	return d, out
+}
+
+// forward is Forward filling *d in place: a Decision is too large to pass
+// back cheaply through two calls.
+func (r *Router) forward(d *Decision, hdr, b []byte, client netip.AddrPort, local netip.Addr, v *View) []byte {
 	if err := r.classify(b, &d.Class); err != nil {
 		d.Reason, d.Err = Malformed, err
-		return d, out
+		return hdr
 	}
 	if v.Admission != nil && !v.Admission.Admit(d.Class, client, v.Now) {
 		d.Reason = RateLimited
-		return d, out
+		return hdr
 	}
 	be, reason := r.decide(v.Snapshot, v.Stale, &d.Class, client)
 	if reason == Forwarded && (be.Addr == r.public || v.Own.Contains(be.Addr)) {
@@ -357,8 +363,9 @@ func (r *Router) Forward(hdr, b []byte, client netip.AddrPort, local netip.Addr,
 	}
 	if reason != Forwarded {
 		d.Reason = reason
-		return d, out
+		return hdr
 	}
+	out := hdr
 	if !r.transparent {
 		pub := r.public
 		if r.measured && local.IsValid() {
@@ -367,11 +374,11 @@ func (r *Router) Forward(hdr, b []byte, client netip.AddrPort, local netip.Addr,
 		var err error
 		if out, err = r.appendHeader(hdr, client, pub); err != nil {
 			d.Reason, d.Err = Malformed, err
-			return d, hdr
+			return hdr
 		}
 	}
 	d.Backend, d.Ordinal = be.Addr, be.Ordinal
-	return d, out
+	return out
 }
 
 // ErrHeadroom is the Decision.Err of ForwardAt when the header does not fit
@@ -439,9 +446,14 @@ type Reply struct {
 // sess is ignored with PPv2. Payload is a view into b. Reverse does not
 // allocate.
 func (r *Router) Reverse(b []byte, from netip.AddrPort, sess Session, v *View) (rep Reply) {
+	r.reverse(&rep, b, from, sess, v) // inlined: rep is filled where the caller keeps it
+	return rep
+}
+
+func (r *Router) reverse(rep *Reply, b []byte, from netip.AddrPort, sess Session, v *View) {
 	if !v.Snapshot.IsBackend(from) {
 		rep.Reason = UntrustedSender
-		return rep
+		return
 	}
 	if r.transparent {
 		rep.Client, rep.Local, rep.Payload = sess.Client, sess.Local, b
@@ -450,7 +462,7 @@ func (r *Router) Reverse(b []byte, from netip.AddrPort, sess Session, v *View) (
 		src := addr.Unmap(h.Src)
 		if err != nil || h.Command != ppv2.Proxy || !r.isPublic(src) {
 			rep.Reason = BadProxyHeader
-			return rep
+			return
 		}
 		rep.Client, rep.Payload = addr.Unmap(h.Dst), b[off:]
 		if r.measured {
@@ -463,7 +475,6 @@ func (r *Router) Reverse(b []byte, from netip.AddrPort, sess Session, v *View) (
 	case len(rep.Payload) == 0:
 		rep.Reason = Malformed
 	}
-	return rep
 }
 
 // isPublic reports whether a is the public address; when that is a

@@ -258,10 +258,11 @@ func BenchmarkRoute(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			hdr := make([]byte, 0, 64)
+			v := bc.r.View(nil) // once per batch, as the worker takes it
 			b.ReportAllocs()
 			b.SetBytes(int64(len(bc.d)))
 			reportCPU(b, func() {
-				if d, _ := route(bc.r, hdr, bc.d, client1); d.Reason != Forwarded {
+				if d, _ := bc.r.Forward(hdr, bc.d, client1, netip.Addr{}, &v); d.Reason != Forwarded {
 					b.Fatal(d.Reason)
 				}
 			})
@@ -284,4 +285,32 @@ func TestQUICUnknownVersion(t *testing.T) {
 	assert.Equal(t, Class{Kind: KindNew, ID: []byte{1, 2, 3, 4, 5, 6, 7, 8}, Handshake: true}, c)
 	_, err = cls.Classify(pkt(100))
 	assert.ErrorIs(t, err, quic.ErrInitialSize)
+}
+
+// BenchmarkReverse is the reverse rule on a good reply and on a stranger's.
+func BenchmarkReverse(b *testing.B) {
+	reg := threeBackends(b)
+	r := dtlsRouter(b, reg)
+	own := NewOwnAddrs([]netip.AddrPort{svcAddr, netip.MustParseAddrPort("0.0.0.0:40001")}, []netip.Addr{svcAddr.Addr()})
+	good, err := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: svcAddr, Dst: client1})
+	require.NoError(b, err)
+	good = append(good, make([]byte, 100)...)
+	for _, bc := range []struct {
+		name string
+		from netip.AddrPort
+		want Reason
+	}{
+		{"relayed", netip.MustParseAddrPort("10.0.0.10:5684"), Forwarded},
+		{"stranger", netip.MustParseAddrPort("203.0.113.9:5684"), UntrustedSender},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			v := r.View(own)
+			b.ReportAllocs()
+			reportCPU(b, func() {
+				if rep := r.Reverse(good, bc.from, Session{}, &v); rep.Reason != bc.want {
+					b.Fatal(rep.Reason)
+				}
+			})
+		})
+	}
 }

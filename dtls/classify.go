@@ -61,28 +61,6 @@ func StartsSession(b []byte, cidLen int) bool {
 	return err == nil && c.StartsSession()
 }
 
-// Classify walks every record of the datagram b and reports its routing
-// class. cidLen is the service's configured CID length (MinCIDLen to
-// MaxCIDLen). It fails when any record is malformed, when bytes follow the
-// last whole record, or on a DTLS 1.3 unified header; a datagram with a
-// broken record is never reported as new, even if an earlier record was a
-// valid ClientHello. It does not allocate.
-//
-// Mixed datagrams: RFC 6347 §4.1 lets a datagram hold several records and
-// neither it nor RFC 9146 forbids a ClientHello (a new association) beside
-// tls12_cid records of an established one, so such a datagram is valid: it
-// is KindEstablished (routed by its CID) and also ClientHello (counted as a
-// new handshake).
-func Classify(b []byte, cidLen int) (Class, error) {
-	if cidLen < MinCIDLen || cidLen > MaxCIDLen {
-		return Class{}, ErrCIDLength
-	}
-	if len(b) == 0 {
-		return Class{}, ErrTooShort
-	}
-	return walk(b, cidLen)
-}
-
 // isClientHello reports whether a whole record (header of h bytes, at
 // least one fragment byte) is an epoch-0 handshake record whose fragment
 // starts a ClientHello.

@@ -2,9 +2,16 @@
 
 package dtls
 
-// walk is Classify's record loop over parseRecord: the plain version of
-// walk.go's, selected by the cidroute_plain_dtls build tag.
-func walk(b []byte, cidLen int) (Class, error) {
+// Classify walks every record of the datagram b and reports its routing
+// class: the plain loop over parseRecord that the cidroute_plain_dtls build
+// tag selects (see walk.go).
+func Classify(b []byte, cidLen int) (Class, error) {
+	if cidLen < MinCIDLen || cidLen > MaxCIDLen {
+		return Class{}, ErrCIDLength
+	}
+	if len(b) == 0 {
+		return Class{}, ErrTooShort
+	}
 	var c Class
 	for len(b) > 0 {
 		r, n, err := parseRecord(b, cidLen)
