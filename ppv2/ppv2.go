@@ -139,7 +139,6 @@ func AppendHeaderCRC(dst []byte, h Header) ([]byte, error) {
 // ::ffff:a.b.c.d; every IPv4 address reads that way, so this is "is IPv4".
 func is4(hi, lo uint64) bool { return hi == 0 && lo>>32 == 0xffff }
 
-
 // put4 and put6 write the fixed 16 bytes and the address block from the
 // addresses' words: word stores, no byte arrays to copy.
 func put4(b []byte, src, dst uint64, sport, dport uint16) {

@@ -1,17 +1,14 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -90,7 +87,7 @@ func TestTransparentTableFullUnderFDLimit(t *testing.T) {
 			return nil, err
 		}
 		defer resp.Body.Close()
-		return readMetrics(resp.Body)
+		return testtool.ParseMetrics(resp.Body)
 	}
 	require.Eventually(t, func() bool { _, err := scrape(); return err == nil }, 20*time.Second, 50*time.Millisecond, "metrics up")
 
@@ -136,26 +133,4 @@ func TestTransparentTableFullUnderFDLimit(t *testing.T) {
 	require.Eventually(t, func() bool { m, err = scrape(); return err == nil && m[ready] == 2 }, 10*time.Second, 50*time.Millisecond,
 		"the rewritten backends file is reloaded with the table full")
 	require.Equal(t, 0, strings.Count(logs.String(), "too many open files"), logs.String())
-}
-
-// readMetrics reads the Prometheus text format into "name{labels}" → value.
-func readMetrics(r io.Reader) (map[string]float64, error) {
-	m := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			return nil, fmt.Errorf("metrics line %q", line)
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			return nil, err
-		}
-		m[line[:i]] = v
-	}
-	return m, sc.Err()
 }

@@ -42,7 +42,7 @@ var (
 		"Backend lists the registry rejected (invalid, duplicate ordinals or addresses).",
 		[]string{"service"}, nil)
 	descSessions = prometheus.NewDesc("cidroute_sessions",
-		"Transparent-mode sessions (one upstream socket per client address); always 0 with PROXY protocol.",
+		"Transparent-mode sessions (one upstream socket per flow: client address and backend); always 0 with PROXY protocol.",
 		[]string{"service"}, nil)
 	descVersion = prometheus.NewDesc("cidroute_registry_snapshot_version",
 		"Version of the current registry snapshot; it grows by one with each accepted update.",
