@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -52,53 +51,6 @@ type upstream interface {
 	addrs() []netip.AddrPort
 	// sessions returns the number of transparent sessions.
 	sessions() int
-}
-
-// replies is what both upstreams share to relay replies: the reverse rule
-// and the service socket. It holds no pointer to the worker.
-type replies struct {
-	router *Router
-	own    *atomic.Pointer[OwnAddrs]
-	mu     sync.Mutex  // one writer at a time on out (transparent relays are many)
-	out    *udpio.Conn // the service socket
-	rev    liveCounters
-}
-
-func (rp *replies) view() View {
-	return View{Snapshot: rp.router.backends.Snapshot(), Own: rp.own.Load()}
-}
-
-// relay applies the reverse rule to the received batch in and sends the
-// replies it passes, from the service socket; sess is the session of a
-// transparent socket. It counts the batch once.
-func (rp *replies) relay(in, buf []udpio.Message, sess Session) error {
-	var c Counters
-	v := rp.view()
-	c.Received = uint64(len(in))
-	out := buf[:0]
-	for i := range in {
-		m := &in[i]
-		if m.Err != nil {
-			c.Dropped[Malformed]++ // larger than MaxDatagram
-			continue
-		}
-		rep := rp.router.Reverse(m.Buf[:m.N], m.Addr, sess, &v)
-		if rep.Reason != Forwarded {
-			c.Dropped[rep.Reason]++
-			continue
-		}
-		o := &buf[len(out)]
-		o.Prefix, o.Buf, o.Addr, o.Local = nil, rep.Payload, rep.Client, rep.Local
-		out = out[:len(out)+1]
-	}
-	rp.mu.Lock()
-	err := send(rp.out, out, &c)
-	rp.mu.Unlock()
-	for i := range out {
-		out[i].Buf = nil // do not keep the receive buffer reachable
-	}
-	rp.rev.flush(&c)
-	return err
 }
 
 // newWorker builds the worker of socket in, with the upstream up.
@@ -163,27 +115,6 @@ func (w *worker) forwardLoop() error {
 			return err
 		}
 	}
-}
-
-// send writes a batch and counts each datagram as forwarded or as a send
-// error. A socket-level error is returned; its datagrams are counted as
-// send errors.
-func send(c *udpio.Conn, out []udpio.Message, cnt *Counters) error {
-	if len(out) == 0 {
-		return nil
-	}
-	_, err := c.WriteBatch(out)
-	for i := range out {
-		if out[i].Err != nil {
-			cnt.Dropped[SendError]++
-		} else {
-			cnt.Forwarded++
-		}
-	}
-	if err != nil && !errors.Is(err, net.ErrClosed) {
-		return fmt.Errorf("send: %w", err)
-	}
-	return nil
 }
 
 // ended maps the read error that ends a loop: a shutdown is not an error.
