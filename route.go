@@ -436,7 +436,8 @@ type Reply struct {
 //     transparent mode b has no header and the client is sess's;
 //   - the client must be a unicast peer the service can answer: not
 //     unspecified, multicast, broadcast, port 0, loopback (unless the
-//     public address is), of the other address family than the public
+//     public address is, or the client is a transparent session's, which
+//     the proxy measured), of the other address family than the public
 //     address, the public address itself, or in v.Own, the process's own
 //     addresses (BadDestination);
 //   - the payload, the rest of b, must not be empty: DTLS and QUIC send
@@ -497,8 +498,11 @@ func (r *Router) validClient(a netip.AddrPort, own *OwnAddrs) bool {
 		return false
 	case ip.Is4() != r.v4:
 		return false // the service's socket cannot reach the other family
-	case ip.IsLoopback() && !r.public.Addr().IsLoopback():
-		return false // a backend must not aim the proxy at local services
+	case ip.IsLoopback() && !r.public.Addr().IsLoopback() && !r.transparent:
+		// A backend must not aim the proxy at local services. A transparent
+		// session's client is not a claim but the measured sender of a
+		// datagram the proxy received, so it may well be local.
+		return false
 	case a == r.public, own.Contains(a):
 		return false
 	}

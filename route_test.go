@@ -314,3 +314,137 @@ func BenchmarkReverse(b *testing.B) {
 		})
 	}
 }
+
+// TestReverseRule walks the reverse rule's checks in order, with PPv2 and
+// in transparent mode.
+func TestReverseRule(t *testing.T) {
+	reg := threeBackends(t)
+	lo := netip.MustParseAddrPort("127.0.0.1:5684")
+	ppR := dtlsRouter(t, reg)
+	loR, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: lo, Backends: reg})
+	require.NoError(t, err)
+	wildR, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: netip.MustParseAddrPort("0.0.0.0:5684"), Backends: reg})
+	require.NoError(t, err)
+	trR, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg, Transparent: true})
+	require.NoError(t, err)
+	own := NewOwnAddrs([]netip.AddrPort{svcAddr, netip.MustParseAddrPort("0.0.0.0:40000")},
+		[]netip.Addr{svcAddr.Addr(), netip.MustParseAddr("192.0.2.255")})
+	ready := netip.MustParseAddrPort("10.0.0.10:5684")
+	draining := netip.MustParseAddrPort("10.0.0.11:5684")
+	gone := netip.MustParseAddrPort("10.0.0.12:5684")
+	reply := func(src, dst string, payload string) []byte {
+		b, err := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: netip.MustParseAddrPort(src), Dst: netip.MustParseAddrPort(dst)})
+		require.NoError(t, err)
+		return append(b, payload...)
+	}
+	local, _ := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Local})
+	pub := svcAddr.String()
+	for _, tc := range []struct {
+		name   string
+		r      *Router
+		b      []byte
+		from   netip.AddrPort
+		sess   Session
+		reason Reason
+		client string
+		local  string
+	}{
+		{"relayed", ppR, reply(pub, "198.51.100.7:40000", "x"), ready, Session{}, Forwarded, "198.51.100.7:40000", ""},
+		{"from a draining backend", ppR, reply(pub, "198.51.100.7:40000", "x"), draining, Session{}, Forwarded, "198.51.100.7:40000", ""},
+		{"mapped client", ppR, reply(pub, "[::ffff:198.51.100.7]:40000", "x"), ready, Session{}, Forwarded, "198.51.100.7:40000", ""},
+		{"from a gone backend", ppR, reply(pub, "198.51.100.7:40000", "x"), gone, Session{}, UntrustedSender, "", ""},
+		{"from a stranger", ppR, reply(pub, "198.51.100.7:40000", "x"), client1, Session{}, UntrustedSender, "", ""},
+		{"no header", ppR, []byte("payload"), ready, Session{}, BadProxyHeader, "", ""},
+		{"LOCAL header", ppR, append(local, 'x'), ready, Session{}, BadProxyHeader, "", ""},
+		{"another source", ppR, reply("192.0.2.1:5685", "198.51.100.7:40000", "x"), ready, Session{}, BadProxyHeader, "", ""},
+		{"multicast", ppR, reply(pub, "224.0.0.1:5000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"broadcast", ppR, reply(pub, "255.255.255.255:5000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"subnet broadcast of the host", ppR, reply(pub, "192.0.2.255:40000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"unspecified", ppR, reply(pub, "0.0.0.0:5000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"port 0", ppR, reply(pub, "198.51.100.7:0", "x"), ready, Session{}, BadDestination, "", ""},
+		{"loopback", ppR, reply(pub, "127.0.0.1:5000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"IPv6 client of an IPv4 service", ppR, reply(pub, "[2001:db8::1]:5000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"the service itself", ppR, reply(pub, pub, "x"), ready, Session{}, BadDestination, "", ""},
+		{"an own socket", ppR, reply(pub, "192.0.2.1:40000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"no payload", ppR, reply(pub, "198.51.100.7:40000", ""), ready, Session{}, Malformed, "", ""},
+		{"loopback service, loopback client", loR, reply(lo.String(), "127.0.0.1:5000", "x"), ready, Session{}, Forwarded, "127.0.0.1:5000", ""},
+		{"wildcard service: leave from the named address", wildR, reply("192.0.2.7:5684", "198.51.100.7:40000", "x"), ready, Session{}, Forwarded, "198.51.100.7:40000", "192.0.2.7"},
+		{"wildcard service, wrong port", wildR, reply("192.0.2.7:5685", "198.51.100.7:40000", "x"), ready, Session{}, BadProxyHeader, "", ""},
+		{"transparent", trR, []byte("payload x"), ready, Session{Client: client1}, Forwarded, client1.String(), ""},
+		{"transparent, measured loopback client", trR, []byte("payload x"), ready, Session{Client: netip.MustParseAddrPort("127.0.0.1:9")}, Forwarded, "127.0.0.1:9", ""},
+		{"transparent, backend left", trR, []byte("payload"), gone, Session{Client: client1}, UntrustedSender, "", ""},
+		{"transparent, no session", trR, []byte("payload"), ready, Session{}, BadDestination, "", ""},
+		{"transparent, empty", trR, []byte{}, ready, Session{Client: client1}, Malformed, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := tc.r.View(own)
+			rep := tc.r.Reverse(tc.b, tc.from, tc.sess, &v)
+			require.Equal(t, tc.reason, rep.Reason)
+			if tc.reason != Forwarded {
+				return
+			}
+			assert.Equal(t, tc.client, rep.Client.String())
+			if tc.local == "" {
+				assert.False(t, rep.Local.IsValid())
+			} else {
+				assert.Equal(t, tc.local, rep.Local.String())
+			}
+			assert.Equal(t, "x", string(rep.Payload[len(rep.Payload)-1:]), "payload is the datagram's tail")
+		})
+	}
+	v := ppR.View(own)
+	b := reply(pub, "198.51.100.7:40000", "x")
+	if n := testing.AllocsPerRun(100, func() { ppR.Reverse(b, ready, Session{}, &v) }); n != 0 {
+		t.Fatalf("Reverse allocates %v", n)
+	}
+}
+
+// TestForwardGuards: the forward rule's own-address guard, the admission
+// of session starts behind established content, and ForwardAt's headroom.
+func TestForwardGuards(t *testing.T) {
+	reg := newRegistry(t, 1,
+		backend(0, "10.0.0.10:5684", registry.Ready),
+		backend(1, svcAddr.String(), registry.Ready),  // the public address
+		backend(2, "10.0.0.12:40000", registry.Ready), // an own socket: wildcard port 40000, a host address
+	)
+	r := dtlsRouter(t, reg)
+	own := NewOwnAddrs([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:40000")}, []netip.Addr{netip.MustParseAddr("10.0.0.12")})
+	v := r.View(own)
+	for ord, want := range []Reason{Forwarded, OwnAddress, OwnAddress} {
+		d, _ := r.Forward(nil, dtlsCIDRecord(ordinalCID(t, r.Codec(), uint8(ord)), 1, []byte("x")), client1, netip.Addr{}, &v)
+		assert.Equal(t, want, d.Reason, "ordinal %d", ord)
+	}
+
+	// A ClientHello behind a live CID record is routed by the CID and
+	// counted as a handshake.
+	mixed := append(dtlsCIDRecord(ordinalCID(t, r.Codec(), 0), 1, []byte("x")), dtlsClientHello(1)...)
+	d, _ := r.Forward(nil, mixed, client1, netip.Addr{}, &v)
+	require.Equal(t, Forwarded, d.Reason)
+	assert.Equal(t, KindEstablished, d.Class.Kind)
+	assert.True(t, d.Class.Handshake)
+	spent := v
+	spent.Admission = spentAdmission()
+	d, _ = r.Forward(nil, mixed, client1, netip.Addr{}, &spent)
+	assert.Equal(t, RateLimited, d.Reason)
+	d, _ = r.Forward(nil, dtlsCIDRecord(ordinalCID(t, r.Codec(), 0), 1, []byte("x")), client1, netip.Addr{}, &spent)
+	assert.Equal(t, Forwarded, d.Reason, "a CID record alone is no session start")
+
+	// ForwardAt: the header lands right in front of the datagram.
+	rec := dtlsCIDRecord(ordinalCID(t, r.Codec(), 0), 1, []byte("x"))
+	buf := append(make([]byte, 40), rec...)
+	d, out := r.ForwardAt(buf, 40, client1, netip.Addr{}, &v)
+	require.Equal(t, Forwarded, d.Reason)
+	require.Len(t, out, ppv2.HeaderLen4+len(rec))
+	assert.Equal(t, &buf[40-ppv2.HeaderLen4], &out[0])
+	h, off, err := ppv2.Parse(out)
+	require.NoError(t, err)
+	assert.Equal(t, client1, h.Src)
+	assert.Equal(t, rec, out[off:])
+	d, out = r.ForwardAt(append(make([]byte, 10), rec...), 10, client1, netip.Addr{}, &v)
+	assert.Equal(t, Malformed, d.Reason)
+	assert.ErrorIs(t, d.Err, ErrHeadroom)
+	assert.Nil(t, out)
+	if n := testing.AllocsPerRun(100, func() { r.ForwardAt(buf, 40, client1, netip.Addr{}, &v) }); n != 0 {
+		t.Fatalf("ForwardAt allocates %v", n)
+	}
+}
