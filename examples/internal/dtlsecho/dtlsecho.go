@@ -25,6 +25,7 @@ import (
 
 	pion "github.com/pion/dtls/v3"
 
+	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/dtls/piondtls"
 	"github.com/cidroute/cidroute/examples/internal/echobase"
 	"github.com/cidroute/cidroute/examples/internal/selfsigned"
@@ -109,7 +110,7 @@ type Server struct {
 // Listen binds the socket and starts serving.
 func Listen(cfg Config) (*Server, error) {
 	if cfg.CIDLen == 0 {
-		cfg.CIDLen = 8
+		cfg.CIDLen = dtls.OrdinalFirstDefaultLen
 	}
 	if cfg.PSKIdentityHint == "" {
 		cfg.PSKIdentityHint = "cidroute"
