@@ -39,10 +39,13 @@ type Class struct {
 	// server CID length, else hashed). nil for a DTLS KindNew datagram,
 	// which is hashed by client and service address.
 	ID []byte
-	// Handshake marks a datagram that starts a new handshake (a DTLS
-	// ClientHello, a QUIC Initial); it counts against the handshake limit.
+	// Handshake marks a datagram that starts a new handshake anywhere in
+	// it (a DTLS ClientHello in any record, a QUIC Initial in any coalesced
+	// packet), whatever its Kind: it counts against the handshake limit.
 	Handshake bool
-	// ZeroRTT marks a datagram that carries QUIC 0-RTT data.
+	// ZeroRTT marks a datagram that carries QUIC 0-RTT data in any packet:
+	// it counts against the 0-RTT limit. Together, Handshake and ZeroRTT
+	// are what dtls.StartsSession and quic.StartsSession define.
 	ZeroRTT bool
 }
 
@@ -90,9 +93,9 @@ func classifyDTLS(b []byte, cidLen int, c *Class) error {
 		return err
 	}
 	// Field by field: a composite literal is built aside and copied.
-	c.Kind, c.ID, c.Handshake, c.ZeroRTT = KindNew, nil, d.ClientHello, false
+	c.Kind, c.ID, c.Handshake, c.ZeroRTT = KindNew, nil, d.StartsSession(), false
 	if d.Kind == dtls.KindEstablished {
-		c.Kind, c.ID, c.Handshake = KindEstablished, d.CID, false
+		c.Kind, c.ID = KindEstablished, d.CID
 	}
 	return nil
 }
@@ -102,21 +105,16 @@ func classifyQUIC(b []byte, cidLen int, c *Class) error {
 	if err != nil {
 		return err
 	}
-	if q.Kind == quic.KindEstablished {
-		c.Kind, c.ID, c.Handshake, c.ZeroRTT = KindEstablished, q.DCID, false, false
-		return nil
-	}
-	handshake := q.Initial
-	if q.Type == quic.UnknownVersion {
+	if q.Type == quic.UnknownVersion && len(b) < quic.MinInitialDatagram {
 		// A version the proxy does not know starts a handshake the backend
 		// answers with Version Negotiation, which servers send only for
 		// datagrams that could carry an Initial (RFC 9000 §6.1, §14.1).
-		if len(b) < quic.MinInitialDatagram {
-			return quic.ErrInitialSize
-		}
-		handshake = true
+		return quic.ErrInitialSize
 	}
-	c.Kind, c.ID, c.Handshake, c.ZeroRTT = KindNew, q.DCID, handshake, q.ZeroRTT
+	c.Kind, c.ID, c.Handshake, c.ZeroRTT = KindNew, q.DCID, q.StartsHandshake(), q.ZeroRTT
+	if q.Kind == quic.KindEstablished {
+		c.Kind = KindEstablished
+	}
 	return nil
 }
 

@@ -10,6 +10,38 @@
 // which every proxy replica computes identically from the same registry
 // snapshot (package registry).
 //
+// # Rules
+//
+// A Router holds one service's two rules, pure functions with no sockets:
+//
+//   - Router.Forward (client → backend): classify the datagram, apply the
+//     admission limits, pick the backend by SPEC.md's routing table, refuse
+//     the proxy's own addresses, and write the PPv2 header;
+//   - Router.Reverse (backend → client): accept a reply only from a
+//     backend, with a PPv2 header whose source is the service's public
+//     address and whose destination is a client the service may answer
+//     (never the proxy's own addresses), and return its payload.
+//
+// Each reads a View: the registry snapshot, its staleness, the process's
+// own addresses (OwnAddrs) and the admission state, taken once per batch.
+// Every datagram a rule refuses names its Reason.
+//
+// # Pipeline
+//
+// A Pipeline is the proxy built from them. For each Service it binds
+// Workers SO_REUSEPORT sockets (package udpio); each worker reads a batch
+// with recvmmsg, applies Forward to every datagram and sends the routed
+// ones with sendmmsg from its upstream socket, header and payload as two
+// iovecs; the upstream reads the backends' replies in batches, applies
+// Reverse and sends the payloads to the clients from the service socket,
+// so that clients see the service address. In transparent mode
+// (RouterConfig.Transparent) there is no header: each flow (client and
+// backend) gets its own connected upstream socket, in a table bounded by
+// Service.MaxSessions and RLIMIT_NOFILE. The Pipeline keeps the process's
+// own addresses current (rtnetlink on Linux), counts every datagram once
+// per service and direction (Stats: received = forwarded + Σ dropped) and
+// stops cleanly on Close or when its context ends.
+//
 // The sub-packages are usable on their own:
 //
 //   - dtls: DTLS record walking, classification, the ordinal-first CID codec

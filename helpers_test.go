@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/quic"
 	"github.com/cidroute/cidroute/registry"
 )
@@ -17,11 +18,7 @@ import (
 
 // dtlsCIDRecord is a tls12_cid record (RFC 9146) carrying cid.
 func dtlsCIDRecord(cid []byte, seq uint64, payload []byte) []byte {
-	b := []byte{25, 0xfe, 0xfd, 0, 1}
-	b = append(b, byte(seq>>40), byte(seq>>32), byte(seq>>24), byte(seq>>16), byte(seq>>8), byte(seq))
-	b = append(b, cid...)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(payload)))
-	return append(b, payload...)
+	return must(dtls.AppendRecord(nil, dtls.Record{Type: dtls.TLS12CID, Epoch: 1, Seq: seq, CID: cid, Fragment: payload}))
 }
 
 // dtlsClientHello is an epoch-0 handshake record starting a ClientHello,
@@ -29,11 +26,15 @@ func dtlsCIDRecord(cid []byte, seq uint64, payload []byte) []byte {
 func dtlsClientHello(random byte) []byte {
 	body := make([]byte, 60)
 	body[0] = random
-	hs := []byte{1, 0, 0, byte(len(body)), 0, 0, 0, 0, 0, 0, 0, byte(len(body))}
-	hs = append(hs, body...)
-	b := []byte{22, 0xfe, 0xff, 0, 0, 0, 0, 0, 0, 0, 0}
-	b = binary.BigEndian.AppendUint16(b, uint16(len(hs)))
-	return append(b, hs...)
+	return must(dtls.AppendRecord(nil, dtls.Record{Type: dtls.Handshake, Version: dtls.VersionDTLS10,
+		Fragment: dtls.AppendHandshake(nil, dtls.HandshakeClientHello, 0, body)}))
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 // quicShort is a 1-RTT packet to dcid.
@@ -80,4 +81,11 @@ func newRegistry(t testing.TB, seed uint64, bs ...registry.Backend) *registry.Re
 
 func backend(ord uint8, addr string, st registry.State) registry.Backend {
 	return registry.Backend{Ordinal: ord, Addr: netip.MustParseAddrPort(addr), Weight: 1, State: st}
+}
+
+// route applies the forward rule against the router's current registry,
+// with no own addresses and no admission limits.
+func route(r *Router, hdr, b []byte, client netip.AddrPort) (Decision, []byte) {
+	v := r.View(nil)
+	return r.Forward(hdr, b, client, netip.Addr{}, &v)
 }

@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cidroute/cidroute/udpio"
@@ -22,12 +24,12 @@ type Service struct {
 	// send. A wildcard address listens on every local address.
 	Listen netip.AddrPort
 	// RouterConfig holds the routing fields: Protocol, Codec or CIDLen,
-	// Classifier, Backends, Encoder, and Service, the public address
-	// (zero means Listen). The public address is in the HRW key of new
-	// DTLS sessions, so all replicas must be configured with the same one:
-	// behind a load balancer, the VIP. When it is a wildcard, the PPv2
-	// destination is the address each datagram was sent to, and replies
-	// leave from it.
+	// Classifier, Backends, Encoder, Unroutable, Transparent and
+	// PublicAddr (zero means Listen). The public address is in the HRW
+	// key of new DTLS sessions, so all replicas must be configured with
+	// the same one: behind a load balancer, the VIP. When it is a
+	// wildcard, the PPv2 destination is the address each datagram was
+	// sent to, and replies leave from it.
 	RouterConfig
 	// Limits are the admission limits (all off by default).
 	Limits Limits
@@ -38,14 +40,15 @@ type Service struct {
 	// keeps the kernel default).
 	RecvBuffer, SendBuffer int
 
-	// Transparent forwards datagrams without a PPv2 header, for backends
-	// that cannot parse one, at the cost of one upstream socket and one
-	// goroutine per client address (see transparent.go). The Encoder is
-	// not used.
-	Transparent bool
-	// MaxSessions bounds each worker's transparent session table (0 =
-	// DefaultMaxSessions); datagrams of further client addresses are
-	// dropped with SessionLimit until idle sessions expire.
+	// MaxSessions bounds each worker's transparent session table
+	// (RouterConfig.Transparent); datagrams of further flows are dropped
+	// with SessionLimit until idle sessions expire. Each session holds a
+	// file descriptor, so the table must fit RLIMIT_NOFILE: 0 sizes it to
+	// what the limit leaves after the pipeline's own sockets and a
+	// reserve of max(64, limit/8) descriptors for everything else (metrics
+	// connections, backend file reloads, logs), shared among every
+	// transparent worker of the Pipeline and capped at
+	// DefaultMaxSessions; New refuses a value that does not fit.
 	MaxSessions int
 	// SessionIdle is how long a transparent session lives without traffic
 	// (0 = DefaultSessionIdle, 2 minutes).
@@ -71,12 +74,17 @@ type Config struct {
 var ErrClosed = errors.New("cidroute: pipeline closed")
 
 // A Pipeline is the CID-aware proxy: for each service, workers that read
-// batches from the service's sockets, route them (Router), prepend PPv2 and
-// send them to backends, and relay the backends' replies back to clients.
-// It keeps no per-client state.
+// batches from the service's sockets, apply the service Router's forward
+// rule to each datagram and send it to its backend behind a PPv2 header,
+// and relay the backends' replies that pass the reverse rule back to
+// their clients. It keeps no per-client state (except in transparent
+// mode), and keeps the process's own addresses (OwnAddrs) current, so
+// that neither direction ever sends to the proxy itself.
 type Pipeline struct {
 	log      *slog.Logger
 	services []*service
+	own      atomic.Pointer[OwnAddrs]
+	bound    []netip.AddrPort // every socket bound to receive: services and upstreams
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -86,13 +94,9 @@ type Pipeline struct {
 }
 
 type service struct {
-	cfg    Service
-	router *Router
-	// measured: the public address is a wildcard, so each datagram's
-	// measured destination stands in for it (PPv2 destination, reply
-	// source).
-	measured bool
-	workers  []*worker
+	cfg     Service
+	router  *Router
+	workers []*worker
 }
 
 // New validates cfg and opens every socket, so that a bad address fails
@@ -114,13 +118,22 @@ func New(cfg Config) (*Pipeline, error) {
 	if p.log == nil {
 		p.log = slog.Default()
 	}
+	svcs := slices.Clone(cfg.Services)
 	names := map[string]bool{}
-	for _, sc := range cfg.Services {
+	for i := range svcs {
+		sc := &svcs[i]
 		if sc.Name == "" || names[sc.Name] {
-			p.closeSockets()
 			return nil, fmt.Errorf("service name %q empty or repeated: %w", sc.Name, ErrConfig)
 		}
 		names[sc.Name] = true
+		if err := sc.validate(); err != nil {
+			return nil, fmt.Errorf("service %s: %w", sc.Name, err)
+		}
+	}
+	if err := sizeSessions(svcs); err != nil {
+		return nil, err
+	}
+	for _, sc := range svcs {
 		s, err := p.openService(sc, cfg)
 		if err != nil {
 			p.closeSockets()
@@ -128,101 +141,247 @@ func New(cfg Config) (*Pipeline, error) {
 		}
 		p.services = append(p.services, s)
 	}
+	p.refreshOwn()
+	if err := p.checkBackends(); err != nil {
+		p.closeSockets()
+		return nil, err
+	}
 	return p, nil
 }
 
-func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
+// validate checks sc and fills in its defaults (Workers).
+func (sc *Service) validate() error {
 	if err := sc.Limits.validate(); err != nil {
-		return nil, err
+		return err
 	}
 	if sc.Workers == 0 {
 		sc.Workers = runtime.GOMAXPROCS(0)
 	}
-	if sc.Workers < 1 || sc.Workers > 256 {
-		return nil, fmt.Errorf("workers %d: %w", sc.Workers, ErrConfig)
+	switch {
+	case sc.Workers < 1 || sc.Workers > 256:
+		return fmt.Errorf("workers %d: %w", sc.Workers, ErrConfig)
+	case sc.RecvBuffer < 0 || sc.SendBuffer < 0:
+		return fmt.Errorf("buffer sizes %d/%d: %w", sc.RecvBuffer, sc.SendBuffer, ErrConfig)
+	case sc.MaxSessions < 0 || sc.SessionIdle < 0 || (!sc.Transparent && (sc.MaxSessions != 0 || sc.SessionIdle != 0)):
+		return fmt.Errorf("max sessions %d, session idle %v (transparent mode only): %w", sc.MaxSessions, sc.SessionIdle, ErrConfig)
+	case !sc.Listen.IsValid():
+		return fmt.Errorf("listen address %v: %w", sc.Listen, ErrConfig)
 	}
-	if sc.MaxSessions < 0 || sc.SessionIdle < 0 || (!sc.Transparent && (sc.MaxSessions != 0 || sc.SessionIdle != 0)) {
-		return nil, fmt.Errorf("max sessions %d, session idle %v (transparent mode only): %w", sc.MaxSessions, sc.SessionIdle, ErrConfig)
+	if sc.SessionIdle == 0 {
+		sc.SessionIdle = DefaultSessionIdle
 	}
+	return nil
+}
+
+// sizeSessions gives each transparent service without MaxSessions its
+// share of the descriptors RLIMIT_NOFILE leaves, and refuses tables that
+// cannot fit it (see Service.MaxSessions).
+func sizeSessions(svcs []Service) error {
+	limit, ok := fdLimit()
+	return sizeSessionsFor(svcs, limit, ok)
+}
+
+// sizeSessionsFor is sizeSessions for a limit of limit descriptors (ok
+// false: no limit).
+func sizeSessionsFor(svcs []Service, limit uint64, ok bool) error {
+	own, workers, configured := 0, 0, 0
+	for _, sc := range svcs {
+		own += sc.Workers // service sockets
+		if !sc.Transparent {
+			own += sc.Workers // shared upstream sockets
+			continue
+		}
+		workers += sc.Workers
+		configured += sc.Workers * sc.MaxSessions
+	}
+	if workers == 0 {
+		return nil
+	}
+	own++ // the address watcher's socket
+	var budget uint64
+	if need := fdReserve(limit) + uint64(own); ok && limit > need {
+		budget = limit - need
+	}
+	for i := range svcs {
+		sc := &svcs[i]
+		switch {
+		case !sc.Transparent:
+		case !ok && sc.MaxSessions == 0:
+			sc.MaxSessions = DefaultMaxSessions
+		case sc.MaxSessions == 0:
+			sc.MaxSessions = int(min(budget/uint64(workers), DefaultMaxSessions))
+			if sc.MaxSessions == 0 {
+				return fmt.Errorf("service %s: RLIMIT_NOFILE %d leaves no descriptors for transparent sessions (reserve %d, own sockets %d): %w",
+					sc.Name, limit, fdReserve(limit), own, ErrConfig)
+			}
+		}
+	}
+	if ok && uint64(configured) > budget {
+		return fmt.Errorf("transparent sessions of %d in all (max sessions × workers) need as many descriptors, RLIMIT_NOFILE %d leaves %d (reserve %d, own sockets %d): %w",
+			configured, limit, budget, fdReserve(limit), own, ErrConfig)
+	}
+	return nil
+}
+
+func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 	rc := sc.RouterConfig
-	if !rc.Service.IsValid() {
-		rc.Service = sc.Listen
+	if !rc.PublicAddr.IsValid() {
+		rc.PublicAddr = sc.Listen
 	}
-	r, err := NewRouter(rc)
-	if err != nil {
+	if _, err := NewRouter(rc); err != nil {
 		return nil, err
 	}
-	s := &service{cfg: sc, router: r, measured: r.service.Addr().IsUnspecified()}
+	measured := rc.PublicAddr.Addr().IsUnspecified()
 	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer,
-		PacketInfo: s.measured && sc.Listen.Addr().IsUnspecified()}
+		PacketInfo: measured && sc.Listen.Addr().IsUnspecified()}
 	network := "udp4"
 	if sc.Listen.Addr().Is6() {
 		network = "udp6"
 	}
 	group, err := udpio.ListenGroup(network, sc.Listen.String(), sc.Workers, lc)
 	if err != nil {
+		return nil, configErr(err)
+	}
+	s := &service{cfg: sc}
+	if sc.Listen.Port() == 0 { // learn the port the kernel picked
+		port := group[0].LocalAddr().(*net.UDPAddr).AddrPort().Port()
+		s.cfg.Listen = netip.AddrPortFrom(sc.Listen.Addr(), port)
+		if rc.PublicAddr.Port() == 0 {
+			rc.PublicAddr = netip.AddrPortFrom(rc.PublicAddr.Addr(), port)
+		}
+	}
+	if s.router, err = NewRouter(rc); err != nil {
+		closeAll(group)
 		return nil, err
 	}
+	p.bound = append(p.bound, s.cfg.Listen)
 	for _, in := range group {
-		w, err := newWorker(s, in, sc, cfg)
+		w, err := p.newWorker(s, in, cfg)
 		if err != nil {
-			for _, c := range group {
-				c.Close()
-			}
-			s.closeSessions()
-			for _, w := range s.workers {
-				w.closeUpstream()
-			}
-			return nil, err
+			closeAll(group)
+			s.close()
+			return nil, configErr(err)
 		}
 		s.workers = append(s.workers, w)
-	}
-	if port := group[0].LocalAddr().(*net.UDPAddr).AddrPort().Port(); s.cfg.Listen.Port() == 0 {
-		// Learn the port the kernel picked.
-		s.cfg.Listen = netip.AddrPortFrom(s.cfg.Listen.Addr(), port)
-		if s.router.service.Port() == 0 {
-			s.router.service = netip.AddrPortFrom(s.router.service.Addr(), port)
-		}
+		p.bound = append(p.bound, w.up.addrs()...)
 	}
 	return s, nil
 }
 
-// Addr returns the bound address of the named service.
-func (p *Pipeline) Addr(service string) (netip.AddrPort, bool) {
-	for _, s := range p.services {
-		if s.cfg.Name == service {
-			return s.cfg.Listen, true
-		}
+// newWorker builds the worker of socket in and its upstream.
+func (p *Pipeline) newWorker(s *service, in *net.UDPConn, cfg Config) (*worker, error) {
+	sc := s.cfg
+	w, err := newWorker(in, s.router, &p.own, NewAdmission(sc.Limits, sc.Workers), cfg.BatchSize, cfg.MaxDatagram)
+	if err != nil {
+		return nil, err
 	}
-	return netip.AddrPort{}, false
+	rp := &replies{router: s.router, own: &p.own, out: w.in}
+	w.rp = rp
+	if sc.Transparent {
+		w.up = newSessionTable(rp, sc.MaxSessions, sc.SessionIdle, cfg.MaxDatagram)
+		return w, nil
+	}
+	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
+	if w.up, err = newSharedUpstream(rp, lc, cfg.BatchSize, cfg.MaxDatagram); err != nil {
+		return nil, fmt.Errorf("upstream socket: %w", err)
+	}
+	return w, nil
 }
 
-// UpstreamAddrs returns the local addresses of the named service's upstream
-// sockets, the physical source of every datagram backends receive from this
-// pipeline.
-func (p *Pipeline) UpstreamAddrs(service string) []netip.AddrPort {
-	var out []netip.AddrPort
+// configErr makes a configuration error of a lower layer wrap ErrConfig.
+func configErr(err error) error {
+	if errors.Is(err, udpio.ErrConfig) && !errors.Is(err, ErrConfig) {
+		return fmt.Errorf("%w: %w", err, ErrConfig)
+	}
+	return err
+}
+
+func closeAll(cs []*net.UDPConn) {
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+// refreshOwn publishes the process's own addresses: every bound socket,
+// and the host's current addresses for the wildcard-bound ones.
+func (p *Pipeline) refreshOwn() {
+	host, err := LocalAddrs()
+	if err != nil {
+		p.log.Warn("listing the host's addresses", "err", err)
+		if cur := p.own.Load(); cur != nil {
+			return // keep the last good set
+		}
+	}
+	p.own.Store(NewOwnAddrs(p.bound, host))
+}
+
+// checkBackends refuses a backend that is one of the pipeline's own
+// addresses or a service's public address: the forward rule would drop
+// all its datagrams (OwnAddress), and the configuration can only be
+// wrong.
+func (p *Pipeline) checkBackends() error {
+	own := p.own.Load()
 	for _, s := range p.services {
-		if s.cfg.Name == service {
-			for _, w := range s.workers {
-				if w.upConn != nil {
-					out = append(out, w.upConn.LocalAddr().(*net.UDPAddr).AddrPort())
+		for _, b := range s.router.backends.Snapshot().Backends() {
+			for _, t := range p.services {
+				if b.Addr == t.router.public {
+					return fmt.Errorf("service %s: backend %d at %v is the public address of service %s: %w", s.cfg.Name, b.Ordinal, b.Addr, t.cfg.Name, ErrConfig)
 				}
 			}
-		}
-	}
-	return out
-}
-
-// Router returns the named service's routing step.
-func (p *Pipeline) Router(service string) *Router {
-	for _, s := range p.services {
-		if s.cfg.Name == service {
-			return s.router
+			if own.Contains(b.Addr) {
+				return fmt.Errorf("service %s: backend %d at %v is one of the proxy's own addresses: %w", s.cfg.Name, b.Ordinal, b.Addr, ErrConfig)
+			}
 		}
 	}
 	return nil
 }
+
+func (p *Pipeline) service(name string) *service {
+	for _, s := range p.services {
+		if s.cfg.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// Addr returns the bound address of the named service; ok is false when
+// there is no such service.
+func (p *Pipeline) Addr(service string) (addr netip.AddrPort, ok bool) {
+	if s := p.service(service); s != nil {
+		return s.cfg.Listen, true
+	}
+	return netip.AddrPort{}, false
+}
+
+// UpstreamAddrs returns the local addresses of the named service's shared
+// upstream sockets, the physical source of every datagram backends receive
+// from this pipeline in PPv2 mode (none in transparent mode, where each
+// session has its own); ok is false when there is no such service.
+func (p *Pipeline) UpstreamAddrs(service string) (addrs []netip.AddrPort, ok bool) {
+	s := p.service(service)
+	if s == nil {
+		return nil, false
+	}
+	for _, w := range s.workers {
+		addrs = append(addrs, w.up.addrs()...)
+	}
+	return addrs, true
+}
+
+// Router returns the named service's rules; ok is false when there is no
+// such service.
+func (p *Pipeline) Router(service string) (r *Router, ok bool) {
+	if s := p.service(service); s != nil {
+		return s.router, true
+	}
+	return nil, false
+}
+
+// OwnAddrs returns the process's own addresses as the pipeline knows them
+// now: every socket it bound, and for the wildcard-bound ones every
+// address of the host, which it tracks while it runs.
+func (p *Pipeline) OwnAddrs() *OwnAddrs { return p.own.Load() }
 
 // Stats returns every service's counters, summed over its workers.
 func (p *Pipeline) Stats() []ServiceStats {
@@ -231,10 +390,8 @@ func (p *Pipeline) Stats() []ServiceStats {
 		out[i].Name = s.cfg.Name
 		for _, w := range s.workers {
 			w.fwd.load(&out[i].Forward)
-			w.rev.load(&out[i].Reverse)
-			if w.sessions != nil {
-				out[i].Sessions += int(w.sessions.count.Load())
-			}
+			w.rp.rev.load(&out[i].Reverse)
+			out[i].Sessions += w.up.sessions()
 		}
 	}
 	return out
@@ -253,24 +410,32 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	defer close(p.done)
 	errc := make(chan error, 1)
 	var wg sync.WaitGroup
+	run := func(loop func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := loop(); err != nil {
+				select {
+				case errc <- err:
+				default:
+				}
+			}
+		}()
+	}
 	for _, s := range p.services {
 		for _, w := range s.workers {
-			for _, loop := range w.loops() {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if err := loop(); err != nil {
-						select {
-						case errc <- err:
-						default:
-						}
-					}
-				}()
-			}
+			run(w.forwardLoop)
+			run(w.up.serve)
 		}
 		p.log.Info("service started", "service", s.cfg.Name, "protocol", s.cfg.Protocol,
 			"listen", s.cfg.Listen, "workers", len(s.workers), "cid_len", s.router.codec.Len())
 	}
+	watchStop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		watchHostAddrs(watchStop, p.refreshOwn)
+	}()
 	var err error
 	select {
 	case <-ctx.Done():
@@ -280,8 +445,14 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 	// Wake every reader without closing its socket: in-flight batches are
 	// still sent, then the loops return and the sockets close.
-	p.eachSocket(func(c *net.UDPConn) { c.SetReadDeadline(time.Unix(1, 0)) })
+	for _, s := range p.services {
+		for _, w := range s.workers {
+			w.wake()
+		}
+	}
 	wg.Wait()
+	close(watchStop)
+	<-watched
 	p.closeSockets() // after the forward loops: nothing opens a session now
 	p.err = err
 	p.log.Info("pipeline stopped")
@@ -301,29 +472,15 @@ func (p *Pipeline) Close() error {
 	return p.err
 }
 
-func (p *Pipeline) eachSocket(f func(*net.UDPConn)) {
-	for _, s := range p.services {
-		for _, w := range s.workers {
-			f(w.inConn)
-			if w.upConn != nil {
-				f(w.upConn)
-			}
-		}
-	}
-}
-
-// closeSockets ends the transparent sessions, then closes every socket.
 func (p *Pipeline) closeSockets() {
 	for _, s := range p.services {
-		s.closeSessions()
+		s.close()
 	}
-	p.eachSocket(func(c *net.UDPConn) { c.Close() })
 }
 
-func (s *service) closeSessions() {
+// close ends the service's transparent sessions and closes its sockets.
+func (s *service) close() {
 	for _, w := range s.workers {
-		if w.sessions != nil {
-			w.sessions.close()
-		}
+		w.close()
 	}
 }

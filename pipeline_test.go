@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,57 +14,17 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/internal/testecho"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/registry"
 )
 
-// echoBackend is a PPv2 backend: it strips the header, records what it got
-// and echoes "<ordinal>|payload" back through the proxy that sent it, with
-// the reverse header (source = service, destination = client).
-type echoBackend struct {
-	ord     uint8
-	conn    *net.UDPConn
-	mu      sync.Mutex
-	clients map[netip.AddrPort]int // claimed client → datagrams
-	proxies map[netip.AddrPort]int // measured sender → datagrams
-	got     atomic.Int64
+// startEcho starts the PPv2 echo backend of ordinal ord: it answers each
+// datagram with "<ord>|payload" behind the reverse header, through the
+// proxy that sent it.
+func startEcho(t testing.TB, ord uint8) *testecho.Echo {
+	return testecho.Start(t, testecho.Config{PPv2: true, Prefix: fmt.Sprintf("%d|", ord)})
 }
-
-func startEcho(t testing.TB, ord uint8) *echoBackend {
-	t.Helper()
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	e := &echoBackend{ord: ord, conn: c, clients: map[netip.AddrPort]int{}, proxies: map[netip.AddrPort]int{}}
-	done := make(chan struct{})
-	t.Cleanup(func() { c.Close(); <-done })
-	go func() {
-		defer close(done)
-		buf := make([]byte, 65536)
-		out := make([]byte, 0, 65536)
-		for {
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			h, off, err := ppv2.Parse(buf[:n])
-			if err != nil {
-				continue
-			}
-			e.mu.Lock()
-			e.clients[h.Src]++
-			e.proxies[from]++
-			e.mu.Unlock()
-			e.got.Add(1)
-			out, _ = ppv2.AppendHeader(out[:0], ppv2.Header{Command: ppv2.Proxy, Src: h.Dst, Dst: h.Src})
-			out = fmt.Appendf(out, "%d|", e.ord)
-			out = append(out, buf[off:n]...)
-			c.WriteToUDPAddrPort(out, from)
-		}
-	}()
-	return e
-}
-
-func (e *echoBackend) addr() netip.AddrPort { return e.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
 
 // testProxy is one replica: its registry and running pipeline.
 type testProxy struct {
@@ -81,7 +40,7 @@ func startProxy(t testing.TB, proto Protocol, bs []registry.Backend, mod func(*S
 	t.Helper()
 	reg := newRegistry(t, 42, bs...)
 	s := Service{Name: "svc", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 2,
-		RouterConfig: RouterConfig{Protocol: proto, Service: publicAddr, Backends: reg}}
+		RouterConfig: RouterConfig{Protocol: proto, PublicAddr: publicAddr, Backends: reg}}
 	if mod != nil {
 		mod(&s)
 	}
@@ -97,6 +56,8 @@ func startProxy(t testing.TB, proto Protocol, bs []registry.Backend, mod func(*S
 }
 
 func (tp *testProxy) addr() netip.AddrPort { a, _ := tp.p.Addr("svc"); return a }
+
+func (tp *testProxy) router() *Router { r, _ := tp.p.Router("svc"); return r }
 
 func (tp *testProxy) stats() ServiceStats { return tp.p.Stats()[0] }
 
@@ -154,7 +115,7 @@ func (c *testClient) ask(to netip.AddrPort, b []byte) int {
 }
 
 type cluster struct {
-	backends []*echoBackend
+	backends []*testecho.Echo
 	proxies  []*testProxy
 }
 
@@ -164,7 +125,7 @@ func startCluster(t testing.TB, proto Protocol, states ...registry.State) *clust
 	for i, st := range states {
 		e := startEcho(t, uint8(i))
 		cl.backends = append(cl.backends, e)
-		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.addr(), Weight: 1, State: st})
+		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.Addr(), Weight: 1, State: st})
 	}
 	for range 2 {
 		cl.proxies = append(cl.proxies, startProxy(t, proto, bs, nil))
@@ -182,7 +143,7 @@ func (cl *cluster) update(t testing.TB, bs []registry.Backend) {
 func (cl *cluster) backendList(states ...registry.State) []registry.Backend {
 	var bs []registry.Backend
 	for i, st := range states {
-		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: cl.backends[i].addr(), Weight: 1, State: st})
+		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: cl.backends[i].Addr(), Weight: 1, State: st})
 	}
 	return bs
 }
@@ -211,10 +172,7 @@ func TestPipelineReplicasAgree(t *testing.T) {
 		require.Equal(t, a, b, "both replicas pick the same backend for a new session")
 		used[a] = true
 		// The backend saw the client as measured by the proxy.
-		e := cl.backends[a]
-		e.mu.Lock()
-		require.Equal(t, 2, e.clients[c.addr()])
-		e.mu.Unlock()
+		require.Equal(t, 2, cl.backends[a].Clients()[c.addr()])
 	}
 	assert.Len(t, used, 3, "30 clients spread over 3 backends")
 	st := cl.balanced(t)
@@ -224,7 +182,7 @@ func TestPipelineReplicasAgree(t *testing.T) {
 
 func TestPipelineCIDSurvivesRebinding(t *testing.T) {
 	cl := startCluster(t, DTLS, registry.Ready, registry.Ready, registry.Ready)
-	codec := cl.proxies[0].p.Router("svc").Codec()
+	codec := cl.proxies[0].router().Codec()
 	for ord := range 3 {
 		cid := ordinalCID(t, codec, uint8(ord))
 		for i := range 6 { // a new client socket each time: NAT rebinding
@@ -238,7 +196,7 @@ func TestPipelineCIDSurvivesRebinding(t *testing.T) {
 
 func TestPipelineDrainAndRemove(t *testing.T) {
 	cl := startCluster(t, DTLS, registry.Ready, registry.Ready, registry.Ready)
-	codec := cl.proxies[0].p.Router("svc").Codec()
+	codec := cl.proxies[0].router().Codec()
 	cid1 := ordinalCID(t, codec, 1)
 	c := newClient(t)
 	require.Equal(t, 1, c.ask(cl.proxies[0].addr(), dtlsCIDRecord(cid1, 1, []byte("a"))))
@@ -266,10 +224,10 @@ func TestPipelineDrainAndRemove(t *testing.T) {
 func TestPipelineStaleRegistry(t *testing.T) {
 	e := startEcho(t, 0)
 	stale := &toggleStale{}
-	reg := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: e.addr(), State: registry.Ready})
+	reg := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: e.Addr(), State: registry.Ready})
 	stale.Registry = reg
 	tp := startProxy(t, QUIC, nil, func(s *Service) { s.Backends = stale })
-	codec := tp.p.Router("svc").Codec()
+	codec := tp.router().Codec()
 	c := newClient(t)
 	initial := quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200)
 	short := quicShort(ordinalCID(t, codec, 0))
@@ -294,11 +252,11 @@ func (s *toggleStale) Stale() bool { return s.on.Load() }
 func TestPipelineReversePathChecks(t *testing.T) {
 	cl := startCluster(t, DTLS, registry.Ready)
 	tp := cl.proxies[0]
-	up := tp.p.UpstreamAddrs("svc")
+	up, _ := tp.p.UpstreamAddrs("svc")
 	require.Len(t, up, 2)
 	victim := newClient(t)
 	rogue := newClient(t)
-	be := cl.backends[0].conn
+	be := cl.backends[0].Conn()
 
 	reply := func(src, dst netip.AddrPort) []byte {
 		b, err := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: src, Dst: dst})
@@ -376,9 +334,9 @@ func TestPipelineLifecycle(t *testing.T) {
 // (the client and backend loops allocate nothing themselves).
 func BenchmarkPipelineEcho(b *testing.B) {
 	e := startEcho(b, 0)
-	tp := startProxy(b, DTLS, []registry.Backend{{Ordinal: 0, Addr: e.addr(), State: registry.Ready}},
+	tp := startProxy(b, DTLS, []registry.Backend{{Ordinal: 0, Addr: e.Addr(), State: registry.Ready}},
 		func(s *Service) { s.Workers = 1 })
-	codec := tp.p.Router("svc").Codec()
+	codec := tp.router().Codec()
 	rec := dtlsCIDRecord(ordinalCID(b, codec, 0), 1, make([]byte, 100))
 	c := newClient(b)
 	to := tp.addr()

@@ -1,5 +1,7 @@
 package cidroute
 
+import "iter"
+
 // A Reason says why a datagram was dropped. The zero Reason means it was
 // forwarded.
 type Reason uint8
@@ -7,7 +9,7 @@ type Reason uint8
 // Drop reasons. Every dropped datagram is counted under exactly one.
 const (
 	Forwarded       Reason = iota // not a drop
-	Malformed                     // the classifier rejected the datagram
+	Malformed                     // the classifier rejected the datagram, it was larger than Config.MaxDatagram, or a reply had no payload
 	UnknownOrdinal                // CID ordinal reserved (255) or not in the registry
 	NotServing                    // CID ordinal names a backend that is gone
 	NoReadyBackend                // a new session, and no backend is ready
@@ -15,9 +17,11 @@ const (
 	RateLimited                   // an admission limit refused it
 	UntrustedSender               // reverse: the physical sender is not a backend
 	BadProxyHeader                // reverse: no, invalid or foreign PPv2 header
-	BadDestination                // reverse: the client address is not a valid unicast peer
+	BadDestination                // reverse: the client address is not a valid unicast peer of the service, or one of the proxy's own
 	SendError                     // the kernel refused to send it
 	SessionLimit                  // transparent mode: the session table is full
+	Unroutable                    // forward: a QUIC-LB CID no configuration decodes, and RouterConfig.Unroutable is UnroutableDrop
+	OwnAddress                    // forward: the chosen backend is one of the proxy's own addresses (a loop)
 
 	NumReasons = iota
 )
@@ -35,6 +39,8 @@ var reasonNames = [NumReasons]string{
 	BadDestination:  "bad_destination",
 	SendError:       "send_error",
 	SessionLimit:    "session_limit",
+	Unroutable:      "unroutable",
+	OwnAddress:      "own_address",
 }
 
 // String returns the reason's metric label ("" for Forwarded).
@@ -43,4 +49,29 @@ func (r Reason) String() string {
 		return reasonNames[r]
 	}
 	return "invalid"
+}
+
+// A ReasonSet is a set of drop reasons.
+type ReasonSet uint32
+
+// The drop reasons each direction can count: a metrics exporter lists them
+// from the start, at zero, so that a new reason cannot go missing from it.
+const (
+	ForwardDrops ReasonSet = 1<<Malformed | 1<<UnknownOrdinal | 1<<NotServing | 1<<Unroutable |
+		1<<NoReadyBackend | 1<<StaleRegistry | 1<<RateLimited | 1<<OwnAddress | 1<<SessionLimit | 1<<SendError
+	ReverseDrops ReasonSet = 1<<Malformed | 1<<UntrustedSender | 1<<BadProxyHeader | 1<<BadDestination | 1<<SendError
+)
+
+// Has reports whether r is in s.
+func (s ReasonSet) Has(r Reason) bool { return r < NumReasons && s&(1<<r) != 0 }
+
+// All yields the reasons of s in ascending order.
+func (s ReasonSet) All() iter.Seq[Reason] {
+	return func(yield func(Reason) bool) {
+		for r := Reason(1); r < NumReasons; r++ {
+			if s.Has(r) && !yield(r) {
+				return
+			}
+		}
+	}
 }

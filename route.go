@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/internal/addr"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/quic"
 	"github.com/cidroute/cidroute/registry"
@@ -46,7 +47,13 @@ func (e PPv2Encoder) AppendHeader(dst []byte, client, service netip.AddrPort) ([
 	return ppv2.AppendProxy(dst, client, service)
 }
 
-// Protocol is the transport a service speaks.
+// HeaderRoom is room enough for any header the built-in encoder writes (a
+// PPv2 IPv6 header is 52 bytes, 59 with the CRC TLV): the headroom to
+// leave in front of a datagram for ForwardAt.
+const HeaderRoom = 256
+
+// Protocol is the transport a service speaks. The zero Protocol names
+// none.
 type Protocol uint8
 
 const (
@@ -75,62 +82,106 @@ func ParseProtocol(s string) (Protocol, error) {
 	return 0, fmt.Errorf("cidroute: protocol %q: want \"dtls\" or \"quic\"", s)
 }
 
-// Default CID lengths: 8 for DTLS (ordinal-first), 12 for QUIC (QUIC-LB), so
-// that a QUIC server CID is never confused with a client's random 8-byte
-// DCID.
+// Default CID lengths: those of the built-in codecs' zero values, 8 for
+// DTLS (ordinal-first) and 12 for QUIC (QUIC-LB), so that a QUIC server CID
+// is never confused with a client's random 8-byte DCID.
 const (
-	DefaultDTLSCIDLen = 8
-	DefaultQUICCIDLen = 12
+	DefaultDTLSCIDLen = dtls.OrdinalFirstDefaultLen
+	DefaultQUICCIDLen = quic.LBDefaultLen
 )
+
+// DefaultCIDLen returns the protocol's default CID length, 0 for none.
+func (p Protocol) DefaultCIDLen() int {
+	switch p {
+	case DTLS:
+		return DefaultDTLSCIDLen
+	case QUIC:
+		return DefaultQUICCIDLen
+	}
+	return 0
+}
+
+// StartsSession reports whether datagram b, of a service of protocol p
+// whose CIDs are cidLen bytes long, opens a session at a server
+// (dtls.StartsSession, quic.StartsSession). The forward rule counts such
+// datagrams against the handshake and 0-RTT limits whatever else they
+// carry; ppv2/backend drops them when they arrive directly.
+func (p Protocol) StartsSession(b []byte, cidLen int) bool {
+	switch p {
+	case DTLS:
+		return dtls.StartsSession(b, cidLen)
+	case QUIC:
+		return quic.StartsSession(b, cidLen)
+	}
+	return false
+}
 
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("cidroute: invalid configuration")
 
-// A Decision is the routing step's verdict on one datagram.
-type Decision struct {
-	// Reason is Forwarded, or why the datagram is dropped.
-	Reason Reason
-	// Backend is where the datagram goes (when forwarded), and Ordinal the
-	// backend's ordinal.
-	Backend netip.AddrPort
-	Ordinal uint8
-	// Class is the classifier's verdict (zero when Malformed).
-	Class Class
-	// Err is the classifier's or encoder's error when Reason is Malformed.
-	Err error
+// UnroutablePolicy says what the forward rule does with a datagram whose
+// CID the codec marks not routable: a QUIC-LB CID with config rotation
+// 0b111, or with a rotation codepoint this service is not configured with.
+type UnroutablePolicy uint8
+
+const (
+	// UnroutableDrop drops it, counted as Unroutable. The default: the
+	// built-in codecs always encode an ordinal, so no backend of a
+	// cidroute service issues such a CID; hashing would deliver random
+	// bytes to backends (7 in 8 random short headers carry a rotation
+	// codepoint other than the configured one), and could not keep a
+	// session anyway, since a connection's Initial packets are hashed by
+	// their DCID and its later packets would be hashed by the client
+	// address, which generally picks another backend.
+	UnroutableDrop UnroutablePolicy = iota
+	// UnroutableHash routes it by HRW over the ready backends with the
+	// client address as the key, draft-ietf-quic-load-balancers-21's
+	// fallback, for backends that issue unroutable CIDs and a single
+	// backend or a client-address-consistent fallback.
+	UnroutableHash
+)
+
+func (u UnroutablePolicy) String() string {
+	switch u {
+	case UnroutableDrop:
+		return "drop"
+	case UnroutableHash:
+		return "hash"
+	}
+	return "invalid"
 }
 
-// A Router is the pure routing step of one service: datagram and client
-// address in, decision and header bytes out, with no sockets. It applies
-// SPEC.md's routing table; admission limits are a separate stage
-// (Admission). A Router is immutable and safe for concurrent use.
-type Router struct {
-	service  netip.AddrPort
-	cls      Classifier
-	codec    CIDCodec
-	backends Backends
-	enc      Encoder
-	cidLen   int // codec.Len()
+// MarshalText implements encoding.TextMarshaler ("drop", "hash").
+func (u UnroutablePolicy) MarshalText() ([]byte, error) {
+	if u > UnroutableHash {
+		return nil, fmt.Errorf("cidroute: unroutable policy %d: %w", u, ErrConfig)
+	}
+	return []byte(u.String()), nil
+}
 
-	// The built-in stages are called directly rather than through their
-	// interfaces, which costs as much again as the work (see classify).
-	clsProto   Protocol          // DTLS or QUIC: cls is that protocol's classifier
-	clsLen     int               // its CIDLen
-	codecProto Protocol          // DTLS: codec is dtls.OrdinalFirst; QUIC: quic.LB
-	of         dtls.OrdinalFirst // the codec when codecProto is DTLS
-	lb         quic.LB           // the codec when codecProto is QUIC
-	ppv2       bool              // enc is a PPv2Encoder, held in pp
-	pp         PPv2Encoder
+// UnmarshalText implements encoding.TextUnmarshaler ("drop", "hash").
+func (u *UnroutablePolicy) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "drop":
+		*u = UnroutableDrop
+	case "hash":
+		*u = UnroutableHash
+	default:
+		return fmt.Errorf("cidroute: unroutable %q: want \"drop\" or \"hash\": %w", b, ErrConfig)
+	}
+	return nil
 }
 
 // RouterConfig is what a Router needs. Zero fields take defaults.
 type RouterConfig struct {
 	Protocol Protocol
-	// Service is the service's public address: the HRW key of DTLS
+	// PublicAddr is the service's public address: the HRW key of DTLS
 	// datagrams without CID uses it, so every replica must be configured
-	// with the same one, and it is the PPv2 destination unless the
-	// datagram's measured destination is given.
-	Service netip.AddrPort
+	// with the same one (behind a load balancer, the VIP); it is the PPv2
+	// destination, and the only source a reply's header may name. A
+	// wildcard address (0.0.0.0 or ::) stands for the address each
+	// datagram was sent to (the forward rule's local argument).
+	PublicAddr netip.AddrPort
 	// Codec is the CID layout; nil means dtls.OrdinalFirst of CIDLen
 	// (DTLS) or quic.LB of CIDLen (QUIC).
 	Codec CIDCodec
@@ -143,6 +194,33 @@ type RouterConfig struct {
 	Backends Backends
 	// Encoder nil means PPv2Encoder{}.
 	Encoder Encoder
+	// Unroutable is what happens to datagrams whose CID the codec marks
+	// unroutable (default UnroutableDrop).
+	Unroutable UnroutablePolicy
+	// Transparent serves backends that cannot read a header: the forward
+	// rule writes none, and the reverse rule takes the client from the
+	// caller's session instead of a PPv2 header. The Encoder is not used.
+	Transparent bool
+}
+
+// A Router holds a service's two routing rules: Forward (client →
+// backend) and Reverse (backend → client). Both are pure functions of
+// their arguments, the router's configuration and a View (a registry
+// snapshot and the process's own addresses): no sockets, no hidden state,
+// so a program that reads its own sockets applies exactly what a Pipeline
+// does. A Router is immutable and safe for concurrent use.
+type Router struct {
+	public      netip.AddrPort
+	measured    bool // public is a wildcard: each datagram's destination stands in for it
+	v4          bool // an IPv4 service, which cannot answer an IPv6 client
+	cls         Classifier
+	codec       CIDCodec
+	backends    Backends
+	enc         Encoder
+	cidLen      int // codec.Len()
+	hash        bool
+	transparent bool
+	fast        dispatch // how the built-in stages are called (dispatch.go)
 }
 
 // NewRouter validates cfg and returns its Router.
@@ -150,10 +228,16 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if cfg.Backends == nil {
 		return nil, fmt.Errorf("router: no backends: %w", ErrConfig)
 	}
-	if !cfg.Service.IsValid() {
-		return nil, fmt.Errorf("router: service address %v: %w", cfg.Service, ErrConfig)
+	if !cfg.PublicAddr.IsValid() {
+		return nil, fmt.Errorf("router: public address %v: %w", cfg.PublicAddr, ErrConfig)
 	}
-	r := &Router{service: unmap(cfg.Service), cls: cfg.Classifier, codec: cfg.Codec, backends: cfg.Backends, enc: cfg.Encoder}
+	if cfg.Unroutable > UnroutableHash {
+		return nil, fmt.Errorf("router: unroutable policy %d: %w", cfg.Unroutable, ErrConfig)
+	}
+	pub := addr.Unmap(cfg.PublicAddr)
+	r := &Router{public: pub, measured: pub.Addr().IsUnspecified(), v4: pub.Addr().Is4(),
+		cls: cfg.Classifier, codec: cfg.Codec, backends: cfg.Backends, enc: cfg.Encoder,
+		hash: cfg.Unroutable == UnroutableHash, transparent: cfg.Transparent}
 	if r.codec == nil {
 		switch cfg.Protocol {
 		case DTLS:
@@ -188,95 +272,241 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		r.enc = PPv2Encoder{}
 	}
 	r.cidLen = r.codec.Len()
-	switch c := r.cls.(type) {
-	case DTLSClassifier:
-		r.clsProto, r.clsLen = DTLS, c.CIDLen
-	case QUICClassifier:
-		r.clsProto, r.clsLen = QUIC, c.CIDLen
-	}
-	switch c := r.codec.(type) {
-	case dtls.OrdinalFirst:
-		r.codecProto, r.of = DTLS, c
-	case quic.LB:
-		r.codecProto, r.lb = QUIC, c
-	}
-	r.pp, r.ppv2 = r.enc.(PPv2Encoder)
+	r.fast = newDispatch(r.cls, r.codec, r.enc)
 	return r, nil
 }
 
 // Codec returns the router's CID codec.
 func (r *Router) Codec() CIDCodec { return r.codec }
 
-// Route classifies datagram b from client, routes it against the current
-// registry snapshot and, when it is forwarded, appends the header to hdr.
-// The PPv2 destination is the configured service address. It does not
-// allocate when hdr has room (52 bytes for PPv2 without TLVs).
-func (r *Router) Route(hdr, b []byte, client netip.AddrPort) (Decision, []byte) {
-	var d Decision
-	hdr = r.route(&d, hdr, b, client, r.service)
-	return d, hdr
+// PublicAddr returns the service's public address.
+func (r *Router) PublicAddr() netip.AddrPort { return r.public }
+
+// A View is what the rules read besides the datagram. Take one per batch
+// (Router.View), so that a whole batch is routed against one snapshot.
+type View struct {
+	// Snapshot is the registry snapshot to route against; required.
+	Snapshot *registry.Snapshot
+	// Stale refuses new sessions (StaleRegistry); CID sessions go on.
+	Stale bool
+	// Own is the process's own addresses, where neither rule sends (nil:
+	// none known; the service's public address is refused regardless).
+	Own *OwnAddrs
+	// Admission, when not nil, applies the admission limits to the
+	// forward rule's datagrams at time Now (Unix nanoseconds).
+	Admission *Admission
+	Now       int64
 }
 
-// RouteTo is Route with the datagram's measured destination, for a service
-// listening on a wildcard address: it becomes the PPv2 destination.
-func (r *Router) RouteTo(hdr, b []byte, client, local netip.AddrPort) (Decision, []byte) {
-	var d Decision
-	hdr = r.route(&d, hdr, b, client, local)
-	return d, hdr
+// View returns a View of the router's backends as they are now, with own
+// as the process's own addresses and no admission limits.
+func (r *Router) View(own *OwnAddrs) View {
+	return View{Snapshot: r.backends.Snapshot(), Stale: r.backends.Stale(), Own: own}
 }
 
-// route fills *d in place; a Decision is too large to pass back cheaply
-// through two calls.
-func (r *Router) route(d *Decision, hdr, b []byte, client, local netip.AddrPort) []byte {
+// A Decision is the forward rule's verdict on one datagram.
+type Decision struct {
+	// Reason is Forwarded, or why the datagram is dropped.
+	Reason Reason
+	// Backend is where the datagram goes (when forwarded), and Ordinal the
+	// backend's ordinal.
+	Backend netip.AddrPort
+	Ordinal uint8
+	// Class is the classifier's verdict (zero when Malformed).
+	Class Class
+	// Err is the classifier's or encoder's error when Reason is Malformed.
+	Err error
+}
+
+// Forward is the forward rule, SPEC.md's routing table: it decides where
+// datagram b from client goes, and appends its header to hdr. local is
+// the address the client sent it to, as the socket measured it; it is used
+// (as the PPv2 destination) only when the public address is a wildcard,
+// and may be the zero Addr otherwise. In order:
+//
+//   - a datagram the classifier rejects is Malformed;
+//   - v.Admission refuses it (RateLimited); whatever starts a session
+//     anywhere in the datagram counts against the handshake and 0-RTT
+//     limits (see Class);
+//   - an established session (a CID the servers issued) goes to the
+//     backend its ordinal names while that backend serves (UnknownOrdinal,
+//     NotServing), never re-hashed; an unroutable CID per
+//     RouterConfig.Unroutable;
+//   - a new session goes by HRW to a ready backend (NoReadyBackend), unless
+//     the registry is stale (StaleRegistry); a QUIC Initial whose DCID is a
+//     server CID of a serving backend goes to that backend;
+//   - a backend that is the public address or one of v.Own is refused
+//     (OwnAddress): the datagram would come back to the proxy.
+//
+// b is not retained; hdr is appended to and returned, unchanged unless the
+// datagram is forwarded. Forward does not allocate when hdr has room
+// (HeaderRoom).
+func (r *Router) Forward(hdr, b []byte, client netip.AddrPort, local netip.Addr, v *View) (d Decision, out []byte) {
+	out = r.forward(&d, hdr, b, client, local, v) // inlined: d is filled where the caller keeps it
+	return d, out
+}
+
+// forward is Forward filling *d in place: a Decision is too large to pass
+// back cheaply through two calls.
+func (r *Router) forward(d *Decision, hdr, b []byte, client netip.AddrPort, local netip.Addr, v *View) []byte {
 	if err := r.classify(b, &d.Class); err != nil {
 		d.Reason, d.Err = Malformed, err
 		return hdr
 	}
-	stale := d.Class.Kind == KindNew && r.backends.Stale()
-	be, reason := r.decide(r.backends.Snapshot(), stale, &d.Class, client)
+	if v.Admission != nil && !v.Admission.Admit(d.Class, client, v.Now) {
+		d.Reason = RateLimited
+		return hdr
+	}
+	be, reason := r.decide(v.Snapshot, v.Stale, &d.Class, client)
+	if reason == Forwarded && (be.Addr == r.public || v.Own.Contains(be.Addr)) {
+		reason = OwnAddress
+	}
 	if reason != Forwarded {
 		d.Reason = reason
 		return hdr
 	}
-	out, err := r.appendHeader(hdr, client, local)
-	if err != nil {
-		d.Reason, d.Err = Malformed, err
-		return hdr
+	out := hdr
+	if !r.transparent {
+		pub := r.public
+		if r.measured && local.IsValid() {
+			pub = netip.AddrPortFrom(local, pub.Port())
+		}
+		var err error
+		if out, err = r.appendHeader(hdr, client, pub); err != nil {
+			d.Reason, d.Err = Malformed, err
+			return hdr
+		}
 	}
 	d.Backend, d.Ordinal = be.Addr, be.Ordinal
 	return out
 }
 
-// classify is r.cls.Classify(b) into *c.
-func (r *Router) classify(b []byte, c *Class) error {
-	switch r.clsProto {
-	case DTLS:
-		return classifyDTLS(b, r.clsLen, c)
-	case QUIC:
-		return classifyQUIC(b, r.clsLen, c)
+// ErrHeadroom is the Decision.Err of ForwardAt when the header does not fit
+// in front of the datagram.
+var ErrHeadroom = errors.New("cidroute: header does not fit the headroom")
+
+// ForwardAt is Forward for a datagram received into buf at offset off
+// (b = buf[off:]), whose first off bytes are headroom: the header is
+// written into it, right in front of the datagram, and out is header and
+// datagram as one slice of buf, ready for a plain send. Headroom of
+// HeaderRoom bytes fits any built-in header; less is Malformed with
+// ErrHeadroom. It does not allocate.
+func (r *Router) ForwardAt(buf []byte, off int, client netip.AddrPort, local netip.Addr, v *View) (d Decision, out []byte) {
+	d, hdr := r.Forward(buf[:0:off], buf[off:], client, local, v)
+	if d.Reason != Forwarded {
+		return d, nil
 	}
-	var err error
-	*c, err = r.cls.Classify(b)
-	return err
+	if len(hdr) > off || (len(hdr) > 0 && &hdr[0] != &buf[0]) {
+		return Decision{Reason: Malformed, Class: d.Class, Err: ErrHeadroom}, nil
+	}
+	start := off - len(hdr)
+	copy(buf[start:off], hdr) // memmove: the two may overlap
+	return d, buf[start:]
 }
 
-// ordinal is r.codec.Ordinal(cid) for a CID of the codec's length.
-func (r *Router) ordinal(cid []byte) (uint8, bool) {
-	switch r.codecProto {
-	case DTLS:
-		return r.of.Ordinal(cid)
-	case QUIC:
-		return r.lb.Ordinal(cid)
-	}
-	return r.codec.Ordinal(cid)
+// A Session is what transparent mode knows about a reply: the client the
+// upstream socket it arrived on serves, and the address that client sent
+// to (zero unless the public address is a wildcard).
+type Session struct {
+	Client netip.AddrPort
+	Local  netip.Addr
 }
 
-// appendHeader is r.enc.AppendHeader.
-func (r *Router) appendHeader(dst []byte, client, service netip.AddrPort) ([]byte, error) {
-	if r.ppv2 {
-		return r.pp.AppendHeader(dst, client, service)
+// A Reply is the reverse rule's verdict on one backend datagram.
+type Reply struct {
+	// Reason is Forwarded, or why the datagram is dropped.
+	Reason Reason
+	// Client is where Payload goes, and Local the source address it must
+	// leave from: the zero Addr unless the public address is a wildcard,
+	// when it is the address the client sent to.
+	Client  netip.AddrPort
+	Local   netip.Addr
+	Payload []byte // a view into the datagram
+}
+
+// Reverse is the reverse rule: it decides whether datagram b, which from
+// (its physical sender, as measured by the socket) sent to one of the
+// service's upstream sockets, goes to a client. In order:
+//
+//   - from must be a ready or draining backend of v.Snapshot
+//     (UntrustedSender);
+//   - with PPv2, b must start with a PPv2 PROXY header whose source is the
+//     public address (any unicast address on its port when that is a
+//     wildcard) (BadProxyHeader); its destination is the client. In
+//     transparent mode b has no header and the client is sess's;
+//   - the client must be a unicast peer the service can answer: not
+//     unspecified, multicast, broadcast, port 0, loopback (unless the
+//     public address is, or the client is a transparent session's, which
+//     the proxy measured), of the other address family than the public
+//     address, the public address itself, or in v.Own, the process's own
+//     addresses (BadDestination);
+//   - the payload, the rest of b, must not be empty: DTLS and QUIC send
+//     no empty datagrams, and a 0-byte datagram would only probe the
+//     client (Malformed).
+//
+// sess is ignored with PPv2. Payload is a view into b. Reverse does not
+// allocate.
+func (r *Router) Reverse(b []byte, from netip.AddrPort, sess Session, v *View) (rep Reply) {
+	r.reverse(&rep, b, from, sess, v) // inlined: rep is filled where the caller keeps it
+	return rep
+}
+
+func (r *Router) reverse(rep *Reply, b []byte, from netip.AddrPort, sess Session, v *View) {
+	if !v.Snapshot.IsBackend(from) {
+		rep.Reason = UntrustedSender
+		return
 	}
-	return r.enc.AppendHeader(dst, client, service)
+	if r.transparent {
+		rep.Client, rep.Local, rep.Payload = sess.Client, sess.Local, b
+	} else {
+		h, off, err := ppv2.Parse(b)
+		src := addr.Unmap(h.Src)
+		if err != nil || h.Command != ppv2.Proxy || !r.isPublic(src) {
+			rep.Reason = BadProxyHeader
+			return
+		}
+		rep.Client, rep.Payload = addr.Unmap(h.Dst), b[off:]
+		if r.measured {
+			rep.Local = src.Addr() // leave from the address the client used
+		}
+	}
+	switch {
+	case !r.validClient(rep.Client, v.Own):
+		rep.Reason = BadDestination
+	case len(rep.Payload) == 0:
+		rep.Reason = Malformed
+	}
+}
+
+// isPublic reports whether a is the public address; when that is a
+// wildcard, any unicast address on its port.
+func (r *Router) isPublic(a netip.AddrPort) bool {
+	if !r.measured {
+		return a == r.public
+	}
+	ip := a.Addr()
+	return a.Port() == r.public.Port() && ip.IsValid() && !ip.IsUnspecified() && !ip.IsMulticast()
+}
+
+var limitedBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+// validClient reports whether a reply may be sent to a.
+func (r *Router) validClient(a netip.AddrPort, own *OwnAddrs) bool {
+	ip := a.Addr()
+	switch {
+	case !ip.IsValid(), a.Port() == 0, ip.IsUnspecified(), ip.IsMulticast(), ip == limitedBroadcast:
+		return false
+	case ip.Is4() != r.v4:
+		return false // the service's socket cannot reach the other family
+	case ip.IsLoopback() && !r.public.Addr().IsLoopback() && !r.transparent:
+		// A backend must not aim the proxy at local services. A transparent
+		// session's client is not a claim but the measured sender of a
+		// datagram the proxy received, so it may well be local.
+		return false
+	case a == r.public, own.Contains(a):
+		return false
+	}
+	return true
 }
 
 // decide is SPEC.md's routing table. It reads like the table: established
@@ -290,7 +520,10 @@ func (r *Router) decide(snap *registry.Snapshot, stale bool, c *Class, client ne
 		}
 		ord, routable := r.ordinal(c.ID)
 		if !routable {
-			// QUIC-LB "unroutable": the draft's fallback hashes the client.
+			if !r.hash {
+				return nil, Unroutable
+			}
+			// QUIC-LB's fallback: hash the client address.
 			return r.pick(snap, false, nil, client)
 		}
 		return serving(snap, ord)
@@ -322,7 +555,7 @@ func serving(snap *registry.Snapshot, ord uint8) (*registry.Backend, Reason) {
 }
 
 // pick chooses a ready backend for a new session by HRW: over key when the
-// classifier gave one (a QUIC DCID), else over client and service address.
+// classifier gave one (a QUIC DCID), else over client and public address.
 func (r *Router) pick(snap *registry.Snapshot, stale bool, key []byte, client netip.AddrPort) (*registry.Backend, Reason) {
 	if stale {
 		return nil, StaleRegistry
@@ -332,16 +565,10 @@ func (r *Router) pick(snap *registry.Snapshot, stale bool, key []byte, client ne
 	if key != nil {
 		b, ok = snap.PickNew(key)
 	} else {
-		b, ok = snap.PickNewAddrs(client, r.service)
+		b, ok = snap.PickNewAddrs(client, r.public)
 	}
 	if !ok {
 		return nil, NoReadyBackend
 	}
 	return b, Forwarded
-}
-
-// unmap returns a with an IPv4-mapped IPv6 address in its IPv4 form, the
-// form sockets, registry and PPv2 decoding report.
-func unmap(a netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 }

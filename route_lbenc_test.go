@@ -1,6 +1,7 @@
 package cidroute
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -24,7 +25,7 @@ func encRouters(t testing.TB, reg Backends) (dtlsR, quicR *Router) {
 	}{{DTLS, 6, &dtlsR}, {QUIC, quic.LBSinglePassNonceLen, &quicR}} {
 		c, err := quic.NewLBEncrypted(quic.LBEncryptedConfig{NonceLen: p.nonce, Keys: keys, Active: 2})
 		require.NoError(t, err)
-		*p.r, err = NewRouter(RouterConfig{Protocol: p.proto, Service: svcAddr, Backends: reg, Codec: c})
+		*p.r, err = NewRouter(RouterConfig{Protocol: p.proto, PublicAddr: svcAddr, Backends: reg, Codec: c})
 		require.NoError(t, err)
 	}
 	return dtlsR, quicR
@@ -46,7 +47,8 @@ func TestRouteEncrypted(t *testing.T) {
 			reason Reason
 		}{{0, Forwarded}, {1, Forwarded}, {2, NotServing}, {3, Forwarded}, {9, UnknownOrdinal}} {
 			cid := ordinalCID(t, r.Codec(), tc.ord)
-			d, _ := r.Route(nil, wrap(cid), client1)
+			v := r.View(nil)
+			d, _ := r.Forward(nil, wrap(cid), client1, netip.Addr{}, &v)
 			assert.Equal(t, tc.reason, d.Reason, "%v ordinal %d", r.Codec(), tc.ord)
 			if tc.reason == Forwarded {
 				assert.Equal(t, tc.ord, d.Ordinal)
@@ -65,7 +67,8 @@ func TestRouteEncrypted(t *testing.T) {
 		if r == dr {
 			d = dtlsCIDRecord(ordinalCID(t, r.Codec(), 3), 1, make([]byte, 100))
 		}
-		if n := testing.AllocsPerRun(200, func() { r.Route(hdr, d, client1) }); n != 0 {
+		v := r.View(nil)
+		if n := testing.AllocsPerRun(200, func() { r.Forward(hdr, d, client1, netip.Addr{}, &v) }); n != 0 {
 			t.Errorf("%v: %v allocs per Route", r.Codec(), n)
 		}
 	}
@@ -85,10 +88,11 @@ func BenchmarkRouteEncrypted(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			hdr := make([]byte, 0, 64)
+			v := bc.r.View(nil)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(bc.d)))
 			reportCPU(b, func() {
-				if d, _ := bc.r.Route(hdr, bc.d, client1); d.Reason != Forwarded {
+				if d, _ := bc.r.Forward(hdr, bc.d, client1, netip.Addr{}, &v); d.Reason != Forwarded {
 					b.Fatal(d.Reason)
 				}
 			})

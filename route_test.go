@@ -22,14 +22,14 @@ var (
 
 func dtlsRouter(t testing.TB, reg Backends) *Router {
 	t.Helper()
-	r, err := NewRouter(RouterConfig{Protocol: DTLS, Service: svcAddr, Backends: reg})
+	r, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg})
 	require.NoError(t, err)
 	return r
 }
 
 func quicRouter(t testing.TB, reg Backends) *Router {
 	t.Helper()
-	r, err := NewRouter(RouterConfig{Protocol: QUIC, Service: svcAddr, Backends: reg})
+	r, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg})
 	require.NoError(t, err)
 	return r
 }
@@ -47,7 +47,11 @@ func threeBackends(t testing.TB) *registry.Registry {
 func TestRouteTable(t *testing.T) {
 	reg := threeBackends(t)
 	dr, qr := dtlsRouter(t, reg), quicRouter(t, reg)
+	qrHash, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, Unroutable: UnroutableHash})
+	require.NoError(t, err)
 	dc, qc := dr.Codec(), qr.Codec()
+	otherRotation := ordinalCID(t, qc, 0)
+	otherRotation[0] = 0x20 | otherRotation[0]&0x1f
 	reserved := ordinalCID(t, dc, 0)
 	reserved[0] = 255
 	qReserved := ordinalCID(t, qc, 0)
@@ -77,7 +81,10 @@ func TestRouteTable(t *testing.T) {
 		{"quic short gone", qr, quicShort(ordinalCID(t, qc, 2)), NotServing, 0},
 		{"quic short unknown", qr, quicShort(ordinalCID(t, qc, 200)), UnknownOrdinal, 0},
 		{"quic short reserved", qr, quicShort(qReserved), UnknownOrdinal, 0},
-		{"quic short unroutable: hash the client", qr, quicShort(unroutable), Forwarded, -1},
+		{"quic short unroutable: hash the client", qrHash, quicShort(unroutable), Forwarded, -1},
+		{"quic short unroutable: dropped by default", qr, quicShort(unroutable), Unroutable, 0},
+		{"quic short of another config rotation: dropped by default", qr, quicShort(otherRotation), Unroutable, 0},
+		{"quic handshake unroutable: dropped by default", qr, quicLong(2, unroutable, []byte{1}, 0), Unroutable, 0},
 		{"quic handshake", qr, quicLong(2, ordinalCID(t, qc, 0), []byte{1, 2, 3, 4, 5, 6, 7, 8}, 0), Forwarded, 0},
 		{"quic initial, client dcid", qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200), Forwarded, -1},
 		{"quic initial, server cid", qr, quicLong(0, ordinalCID(t, qc, 1), nil, 1200), Forwarded, 1},
@@ -86,7 +93,7 @@ func TestRouteTable(t *testing.T) {
 		{"quic initial too small", qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 0), Malformed, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, hdr := tc.r.Route(make([]byte, 0, 64), tc.b, client1)
+			d, hdr := route(tc.r, make([]byte, 0, 64), tc.b, client1)
 			require.Equal(t, tc.reason, d.Reason, "err %v", d.Err)
 			if tc.reason != Forwarded {
 				assert.Empty(t, hdr)
@@ -114,19 +121,19 @@ func TestRouteNewSessions(t *testing.T) {
 	t.Run("stale registry refuses new sessions only", func(t *testing.T) {
 		reg := &staleBackends{threeBackends(t)}
 		dr := dtlsRouter(t, reg)
-		d, _ := dr.Route(nil, dtlsClientHello(1), client1)
+		d, _ := route(dr, nil, dtlsClientHello(1), client1)
 		assert.Equal(t, StaleRegistry, d.Reason)
-		d, _ = dr.Route(nil, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 1), 1, []byte("x")), client1)
+		d, _ = route(dr, nil, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 1), 1, []byte("x")), client1)
 		assert.Equal(t, Forwarded, d.Reason)
 		qr := quicRouter(t, reg)
-		d, _ = qr.Route(nil, quicLong(0, []byte{9, 9, 9, 9, 9, 9, 9, 9}, nil, 1200), client1)
+		d, _ = route(qr, nil, quicLong(0, []byte{9, 9, 9, 9, 9, 9, 9, 9}, nil, 1200), client1)
 		assert.Equal(t, StaleRegistry, d.Reason)
-		d, _ = qr.Route(nil, quicShort(ordinalCID(t, qr.Codec(), 0)), client1)
+		d, _ = route(qr, nil, quicShort(ordinalCID(t, qr.Codec(), 0)), client1)
 		assert.Equal(t, Forwarded, d.Reason)
 	})
 	t.Run("no ready backend", func(t *testing.T) {
 		reg := newRegistry(t, 1, backend(0, "10.0.0.1:1", registry.Draining))
-		d, _ := dtlsRouter(t, reg).Route(nil, dtlsClientHello(1), client1)
+		d, _ := route(dtlsRouter(t, reg), nil, dtlsClientHello(1), client1)
 		assert.Equal(t, NoReadyBackend, d.Reason)
 	})
 	t.Run("same client, same backend; the key is client and service", func(t *testing.T) {
@@ -140,8 +147,8 @@ func TestRouteNewSessions(t *testing.T) {
 		seen := map[uint8]bool{}
 		for port := range uint16(200) {
 			c := netip.AddrPortFrom(client1.Addr(), 30000+port)
-			d1, _ := dr.Route(nil, dtlsClientHello(1), c)
-			d2, _ := dr.Route(nil, dtlsClientHello(2), c) // the cookie round of the same handshake
+			d1, _ := route(dr, nil, dtlsClientHello(1), c)
+			d2, _ := route(dr, nil, dtlsClientHello(2), c) // the cookie round of the same handshake
 			require.Equal(t, d1.Ordinal, d2.Ordinal)
 			b, _ := reg.Snapshot().PickNewAddrs(c, svcAddr)
 			require.Equal(t, b.Ordinal, d1.Ordinal)
@@ -153,9 +160,9 @@ func TestRouteNewSessions(t *testing.T) {
 		reg := threeBackends(t)
 		qr := quicRouter(t, reg)
 		dcid := []byte{0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4}
-		d1, _ := qr.Route(nil, quicLong(0, dcid, []byte{1}, 1200), client1)
-		d2, _ := qr.Route(nil, quicLong(0, dcid, []byte{1}, 1300), netip.MustParseAddrPort("203.0.113.9:1"))
-		d3, _ := qr.Route(nil, quicLong(1, dcid, []byte{1}, 0), client1)
+		d1, _ := route(qr, nil, quicLong(0, dcid, []byte{1}, 1200), client1)
+		d2, _ := route(qr, nil, quicLong(0, dcid, []byte{1}, 1300), netip.MustParseAddrPort("203.0.113.9:1"))
+		d3, _ := route(qr, nil, quicLong(1, dcid, []byte{1}, 0), client1)
 		assert.Equal(t, d1.Ordinal, d2.Ordinal)
 		assert.Equal(t, d1.Ordinal, d3.Ordinal)
 	})
@@ -168,8 +175,8 @@ func TestReplicasAgree(t *testing.T) {
 	a, b := mk(), mk()
 	for i := range 5000 {
 		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 1}), uint16(i))
-		da, _ := a.Route(nil, dtlsClientHello(byte(i)), c)
-		db, _ := b.Route(nil, dtlsClientHello(byte(i)), c)
+		da, _ := route(a, nil, dtlsClientHello(byte(i)), c)
+		db, _ := route(b, nil, dtlsClientHello(byte(i)), c)
 		require.Equal(t, da, db)
 	}
 }
@@ -177,26 +184,26 @@ func TestReplicasAgree(t *testing.T) {
 func TestRouterConfig(t *testing.T) {
 	reg := threeBackends(t)
 	for _, cfg := range []RouterConfig{
-		{Protocol: DTLS, Service: svcAddr},
+		{Protocol: DTLS, PublicAddr: svcAddr},
 		{Protocol: DTLS, Backends: reg},
-		{Service: svcAddr, Backends: reg},
-		{Protocol: DTLS, Service: svcAddr, Backends: reg, CIDLen: 1000},
-		{Protocol: QUIC, Service: svcAddr, Backends: reg, CIDLen: 40},
-		{Protocol: DTLS, Service: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}, CIDLen: 6},
+		{PublicAddr: svcAddr, Backends: reg},
+		{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg, CIDLen: 1000},
+		{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, CIDLen: 40},
+		{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}, CIDLen: 6},
 	} {
 		_, err := NewRouter(cfg)
 		assert.ErrorIs(t, err, ErrConfig, "%+v", cfg)
 	}
-	r, err := NewRouter(RouterConfig{Protocol: QUIC, Service: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}})
+	r, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}})
 	require.NoError(t, err)
-	d, _ := r.Route(nil, quicShort(ordinalCID(t, r.Codec(), 3)), client1)
+	d, _ := route(r, nil, quicShort(ordinalCID(t, r.Codec(), 3)), client1)
 	assert.Equal(t, uint8(3), d.Ordinal, "a QUIC service may use the ordinal-first codec")
 }
 
 func TestCustomClassifier(t *testing.T) {
 	reg := threeBackends(t)
 	errBad := errors.New("not mine")
-	r, err := NewRouter(RouterConfig{Service: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{},
+	r, err := NewRouter(RouterConfig{PublicAddr: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{},
 		Classifier: ClassifierFunc(func(b []byte) (Class, error) {
 			if len(b) < 9 || b[0] != 'C' {
 				return Class{}, errBad
@@ -204,9 +211,9 @@ func TestCustomClassifier(t *testing.T) {
 			return Class{Kind: KindEstablished, ID: b[1:9]}, nil
 		})})
 	require.NoError(t, err)
-	d, _ := r.Route(nil, append([]byte{'C'}, ordinalCID(t, r.Codec(), 3)...), client1)
+	d, _ := route(r, nil, append([]byte{'C'}, ordinalCID(t, r.Codec(), 3)...), client1)
 	assert.Equal(t, uint8(3), d.Ordinal)
-	d, _ = r.Route(nil, []byte("x"), client1)
+	d, _ = route(r, nil, []byte("x"), client1)
 	assert.Equal(t, Malformed, d.Reason)
 	assert.ErrorIs(t, d.Err, errBad)
 }
@@ -225,7 +232,7 @@ func TestRouteNoAllocs(t *testing.T) {
 		"quic initial": {qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200)},
 		"malformed":    {dr, []byte{25, 0xfe}},
 	} {
-		if n := testing.AllocsPerRun(200, func() { tc.r.Route(hdr, tc.b, client1) }); n != 0 {
+		if n := testing.AllocsPerRun(200, func() { route(tc.r, hdr, tc.b, client1) }); n != 0 {
 			t.Errorf("%s: %v allocs per Route", name, n)
 		}
 	}
@@ -251,10 +258,11 @@ func BenchmarkRoute(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			hdr := make([]byte, 0, 64)
+			v := bc.r.View(nil) // once per batch, as the worker takes it
 			b.ReportAllocs()
 			b.SetBytes(int64(len(bc.d)))
 			reportCPU(b, func() {
-				if d, _ := bc.r.Route(hdr, bc.d, client1); d.Reason != Forwarded {
+				if d, _ := bc.r.Forward(hdr, bc.d, client1, netip.Addr{}, &v); d.Reason != Forwarded {
 					b.Fatal(d.Reason)
 				}
 			})
@@ -277,4 +285,166 @@ func TestQUICUnknownVersion(t *testing.T) {
 	assert.Equal(t, Class{Kind: KindNew, ID: []byte{1, 2, 3, 4, 5, 6, 7, 8}, Handshake: true}, c)
 	_, err = cls.Classify(pkt(100))
 	assert.ErrorIs(t, err, quic.ErrInitialSize)
+}
+
+// BenchmarkReverse is the reverse rule on a good reply and on a stranger's.
+func BenchmarkReverse(b *testing.B) {
+	reg := threeBackends(b)
+	r := dtlsRouter(b, reg)
+	own := NewOwnAddrs([]netip.AddrPort{svcAddr, netip.MustParseAddrPort("0.0.0.0:40001")}, []netip.Addr{svcAddr.Addr()})
+	good, err := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: svcAddr, Dst: client1})
+	require.NoError(b, err)
+	good = append(good, make([]byte, 100)...)
+	for _, bc := range []struct {
+		name string
+		from netip.AddrPort
+		want Reason
+	}{
+		{"relayed", netip.MustParseAddrPort("10.0.0.10:5684"), Forwarded},
+		{"stranger", netip.MustParseAddrPort("203.0.113.9:5684"), UntrustedSender},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			v := r.View(own)
+			b.ReportAllocs()
+			reportCPU(b, func() {
+				if rep := r.Reverse(good, bc.from, Session{}, &v); rep.Reason != bc.want {
+					b.Fatal(rep.Reason)
+				}
+			})
+		})
+	}
+}
+
+// TestReverseRule walks the reverse rule's checks in order, with PPv2 and
+// in transparent mode.
+func TestReverseRule(t *testing.T) {
+	reg := threeBackends(t)
+	lo := netip.MustParseAddrPort("127.0.0.1:5684")
+	ppR := dtlsRouter(t, reg)
+	loR, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: lo, Backends: reg})
+	require.NoError(t, err)
+	wildR, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: netip.MustParseAddrPort("0.0.0.0:5684"), Backends: reg})
+	require.NoError(t, err)
+	trR, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg, Transparent: true})
+	require.NoError(t, err)
+	own := NewOwnAddrs([]netip.AddrPort{svcAddr, netip.MustParseAddrPort("0.0.0.0:40000")},
+		[]netip.Addr{svcAddr.Addr(), netip.MustParseAddr("192.0.2.255")})
+	ready := netip.MustParseAddrPort("10.0.0.10:5684")
+	draining := netip.MustParseAddrPort("10.0.0.11:5684")
+	gone := netip.MustParseAddrPort("10.0.0.12:5684")
+	reply := func(src, dst string, payload string) []byte {
+		b, err := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: netip.MustParseAddrPort(src), Dst: netip.MustParseAddrPort(dst)})
+		require.NoError(t, err)
+		return append(b, payload...)
+	}
+	local, _ := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Local})
+	pub := svcAddr.String()
+	for _, tc := range []struct {
+		name   string
+		r      *Router
+		b      []byte
+		from   netip.AddrPort
+		sess   Session
+		reason Reason
+		client string
+		local  string
+	}{
+		{"relayed", ppR, reply(pub, "198.51.100.7:40000", "x"), ready, Session{}, Forwarded, "198.51.100.7:40000", ""},
+		{"from a draining backend", ppR, reply(pub, "198.51.100.7:40000", "x"), draining, Session{}, Forwarded, "198.51.100.7:40000", ""},
+		{"mapped client", ppR, reply(pub, "[::ffff:198.51.100.7]:40000", "x"), ready, Session{}, Forwarded, "198.51.100.7:40000", ""},
+		{"from a gone backend", ppR, reply(pub, "198.51.100.7:40000", "x"), gone, Session{}, UntrustedSender, "", ""},
+		{"from a stranger", ppR, reply(pub, "198.51.100.7:40000", "x"), client1, Session{}, UntrustedSender, "", ""},
+		{"no header", ppR, []byte("payload"), ready, Session{}, BadProxyHeader, "", ""},
+		{"LOCAL header", ppR, append(local, 'x'), ready, Session{}, BadProxyHeader, "", ""},
+		{"another source", ppR, reply("192.0.2.1:5685", "198.51.100.7:40000", "x"), ready, Session{}, BadProxyHeader, "", ""},
+		{"multicast", ppR, reply(pub, "224.0.0.1:5000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"broadcast", ppR, reply(pub, "255.255.255.255:5000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"subnet broadcast of the host", ppR, reply(pub, "192.0.2.255:40000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"unspecified", ppR, reply(pub, "0.0.0.0:5000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"port 0", ppR, reply(pub, "198.51.100.7:0", "x"), ready, Session{}, BadDestination, "", ""},
+		{"loopback", ppR, reply(pub, "127.0.0.1:5000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"IPv6 client of an IPv4 service", ppR, reply(pub, "[2001:db8::1]:5000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"the service itself", ppR, reply(pub, pub, "x"), ready, Session{}, BadDestination, "", ""},
+		{"an own socket", ppR, reply(pub, "192.0.2.1:40000", "x"), ready, Session{}, BadDestination, "", ""},
+		{"no payload", ppR, reply(pub, "198.51.100.7:40000", ""), ready, Session{}, Malformed, "", ""},
+		{"loopback service, loopback client", loR, reply(lo.String(), "127.0.0.1:5000", "x"), ready, Session{}, Forwarded, "127.0.0.1:5000", ""},
+		{"wildcard service: leave from the named address", wildR, reply("192.0.2.7:5684", "198.51.100.7:40000", "x"), ready, Session{}, Forwarded, "198.51.100.7:40000", "192.0.2.7"},
+		{"wildcard service, wrong port", wildR, reply("192.0.2.7:5685", "198.51.100.7:40000", "x"), ready, Session{}, BadProxyHeader, "", ""},
+		{"transparent", trR, []byte("payload x"), ready, Session{Client: client1}, Forwarded, client1.String(), ""},
+		{"transparent, measured loopback client", trR, []byte("payload x"), ready, Session{Client: netip.MustParseAddrPort("127.0.0.1:9")}, Forwarded, "127.0.0.1:9", ""},
+		{"transparent, backend left", trR, []byte("payload"), gone, Session{Client: client1}, UntrustedSender, "", ""},
+		{"transparent, no session", trR, []byte("payload"), ready, Session{}, BadDestination, "", ""},
+		{"transparent, empty", trR, []byte{}, ready, Session{Client: client1}, Malformed, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := tc.r.View(own)
+			rep := tc.r.Reverse(tc.b, tc.from, tc.sess, &v)
+			require.Equal(t, tc.reason, rep.Reason)
+			if tc.reason != Forwarded {
+				return
+			}
+			assert.Equal(t, tc.client, rep.Client.String())
+			if tc.local == "" {
+				assert.False(t, rep.Local.IsValid())
+			} else {
+				assert.Equal(t, tc.local, rep.Local.String())
+			}
+			assert.Equal(t, "x", string(rep.Payload[len(rep.Payload)-1:]), "payload is the datagram's tail")
+		})
+	}
+	v := ppR.View(own)
+	b := reply(pub, "198.51.100.7:40000", "x")
+	if n := testing.AllocsPerRun(100, func() { ppR.Reverse(b, ready, Session{}, &v) }); n != 0 {
+		t.Fatalf("Reverse allocates %v", n)
+	}
+}
+
+// TestForwardGuards: the forward rule's own-address guard, the admission
+// of session starts behind established content, and ForwardAt's headroom.
+func TestForwardGuards(t *testing.T) {
+	reg := newRegistry(t, 1,
+		backend(0, "10.0.0.10:5684", registry.Ready),
+		backend(1, svcAddr.String(), registry.Ready),  // the public address
+		backend(2, "10.0.0.12:40000", registry.Ready), // an own socket: wildcard port 40000, a host address
+	)
+	r := dtlsRouter(t, reg)
+	own := NewOwnAddrs([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:40000")}, []netip.Addr{netip.MustParseAddr("10.0.0.12")})
+	v := r.View(own)
+	for ord, want := range []Reason{Forwarded, OwnAddress, OwnAddress} {
+		d, _ := r.Forward(nil, dtlsCIDRecord(ordinalCID(t, r.Codec(), uint8(ord)), 1, []byte("x")), client1, netip.Addr{}, &v)
+		assert.Equal(t, want, d.Reason, "ordinal %d", ord)
+	}
+
+	// A ClientHello behind a live CID record is routed by the CID and
+	// counted as a handshake.
+	mixed := append(dtlsCIDRecord(ordinalCID(t, r.Codec(), 0), 1, []byte("x")), dtlsClientHello(1)...)
+	d, _ := r.Forward(nil, mixed, client1, netip.Addr{}, &v)
+	require.Equal(t, Forwarded, d.Reason)
+	assert.Equal(t, KindEstablished, d.Class.Kind)
+	assert.True(t, d.Class.Handshake)
+	spent := v
+	spent.Admission = spentAdmission()
+	d, _ = r.Forward(nil, mixed, client1, netip.Addr{}, &spent)
+	assert.Equal(t, RateLimited, d.Reason)
+	d, _ = r.Forward(nil, dtlsCIDRecord(ordinalCID(t, r.Codec(), 0), 1, []byte("x")), client1, netip.Addr{}, &spent)
+	assert.Equal(t, Forwarded, d.Reason, "a CID record alone is no session start")
+
+	// ForwardAt: the header lands right in front of the datagram.
+	rec := dtlsCIDRecord(ordinalCID(t, r.Codec(), 0), 1, []byte("x"))
+	buf := append(make([]byte, 40), rec...)
+	d, out := r.ForwardAt(buf, 40, client1, netip.Addr{}, &v)
+	require.Equal(t, Forwarded, d.Reason)
+	require.Len(t, out, ppv2.HeaderLen4+len(rec))
+	assert.Equal(t, &buf[40-ppv2.HeaderLen4], &out[0])
+	h, off, err := ppv2.Parse(out)
+	require.NoError(t, err)
+	assert.Equal(t, client1, h.Src)
+	assert.Equal(t, rec, out[off:])
+	d, out = r.ForwardAt(append(make([]byte, 10), rec...), 10, client1, netip.Addr{}, &v)
+	assert.Equal(t, Malformed, d.Reason)
+	assert.ErrorIs(t, d.Err, ErrHeadroom)
+	assert.Nil(t, out)
+	if n := testing.AllocsPerRun(100, func() { r.ForwardAt(buf, 40, client1, netip.Addr{}, &v) }); n != 0 {
+		t.Fatalf("ForwardAt allocates %v", n)
+	}
 }

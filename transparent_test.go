@@ -4,60 +4,29 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/internal/testecho"
 	"github.com/cidroute/cidroute/registry"
 )
 
-// plainEcho is a backend without PPv2: it echoes "<ordinal>|payload" to the
-// datagram's source and remembers the sources it saw.
-type plainEcho struct {
-	ord     uint8
-	conn    *net.UDPConn
-	mu      sync.Mutex
-	sources map[netip.AddrPort]int
+// startPlainEcho starts a backend without PPv2 that echoes
+// "<ordinal>|payload" to the datagram's source.
+func startPlainEcho(t testing.TB, ord uint8) *testecho.Echo {
+	return testecho.Start(t, testecho.Config{Prefix: fmt.Sprintf("%d|", ord)})
 }
 
-func startPlainEcho(t testing.TB, ord uint8) *plainEcho {
-	t.Helper()
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	e := &plainEcho{ord: ord, conn: c, sources: map[netip.AddrPort]int{}}
-	done := make(chan struct{})
-	t.Cleanup(func() { c.Close(); <-done })
-	go func() {
-		defer close(done)
-		buf := make([]byte, 65536)
-		for {
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			e.mu.Lock()
-			e.sources[from]++
-			e.mu.Unlock()
-			c.WriteToUDPAddrPort(append(fmt.Appendf(nil, "%d|", e.ord), buf[:n]...), from)
-		}
-	}()
-	return e
-}
-
-func (e *plainEcho) addr() netip.AddrPort { return e.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
-
-func (e *plainEcho) nsources() int { e.mu.Lock(); defer e.mu.Unlock(); return len(e.sources) }
-
-func startTransparent(t testing.TB, n int, mod func(*Service)) (*testProxy, []*plainEcho) {
-	var es []*plainEcho
+func startTransparent(t testing.TB, n int, mod func(*Service)) (*testProxy, []*testecho.Echo) {
+	var es []*testecho.Echo
 	var bs []registry.Backend
 	for i := range n {
 		e := startPlainEcho(t, uint8(i))
 		es = append(es, e)
-		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.addr(), State: registry.Ready})
+		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.Addr(), State: registry.Ready})
 	}
 	tp := startProxy(t, DTLS, bs, func(s *Service) {
 		s.Transparent = true
@@ -70,7 +39,7 @@ func startTransparent(t testing.TB, n int, mod func(*Service)) (*testProxy, []*p
 
 func TestTransparentRouting(t *testing.T) {
 	tp, es := startTransparent(t, 3, nil)
-	codec := tp.p.Router("svc").Codec()
+	codec := tp.router().Codec()
 	// New sessions spread by HRW, each client seen from its own source.
 	used := map[int]bool{}
 	for i := range 20 {
@@ -81,7 +50,7 @@ func TestTransparentRouting(t *testing.T) {
 		require.Equal(t, ord, c.ask(tp.addr(), dtlsClientHello(byte(i))), "a client's session keeps its backend")
 	}
 	assert.Len(t, used, 3)
-	before := es[1].nsources()
+	before := len(es[1].Senders())
 	// A CID session from three client addresses: same backend, and the
 	// backend sees a new source address each time, as RFC 9146 expects.
 	cid := ordinalCID(t, codec, 1)
@@ -89,7 +58,7 @@ func TestTransparentRouting(t *testing.T) {
 		c := newClient(t)
 		require.Equal(t, 1, c.ask(tp.addr(), dtlsCIDRecord(cid, uint64(i), []byte("hi"))))
 	}
-	assert.Equal(t, before+3, es[1].nsources())
+	assert.Equal(t, before+3, len(es[1].Senders()))
 	s := tp.quiet(t)
 	assert.Equal(t, 23, s.Sessions)
 	assert.Equal(t, uint64(43), s.Forward.Forwarded)
@@ -125,13 +94,13 @@ func TestTransparentRepliesOnlyFromBackend(t *testing.T) {
 	c := newClient(t)
 	require.Equal(t, 0, c.ask(tp.addr(), dtlsClientHello(1)))
 	// Find the session's upstream socket and aim a stranger at it.
-	w := tp.p.services[0].workers[0]
-	w.sessions.mu.Lock()
+	st := tp.p.services[0].workers[0].up.(*sessionTable)
+	st.mu.Lock()
 	var up netip.AddrPort
-	for _, s := range w.sessions.sessions {
+	for _, s := range st.table {
 		up = s.conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	}
-	w.sessions.mu.Unlock()
+	st.mu.Unlock()
 	require.True(t, up.IsValid())
 	rogue := newClient(t)
 	_, err := rogue.conn.WriteToUDPAddrPort([]byte("0|spoofed"), up)
@@ -152,13 +121,20 @@ func TestTransparentConfig(t *testing.T) {
 
 func TestTransparentDefaults(t *testing.T) {
 	// Zero settings mean the documented defaults: idle sessions expire
-	// after 2 minutes, and a worker's table holds DefaultMaxSessions.
+	// after 2 minutes, and a worker's table holds what RLIMIT_NOFILE
+	// leaves for sessions, at most DefaultMaxSessions.
 	require.Equal(t, 2*time.Minute, DefaultSessionIdle)
 	tp, _ := startTransparent(t, 1, nil)
 	// A round trip, so that Run has started before the test's Close.
 	require.Equal(t, 0, newClient(t).ask(tp.addr(), dtlsClientHello(1)))
+	svcs := []Service{{Name: "svc", Workers: 2, RouterConfig: RouterConfig{Transparent: true}}}
+	require.NoError(t, sizeSessions(svcs))
+	want := svcs[0].MaxSessions
+	require.Positive(t, want)
+	require.LessOrEqual(t, want, DefaultMaxSessions)
 	for _, w := range tp.p.services[0].workers {
-		assert.Equal(t, DefaultMaxSessions, w.sessions.max)
-		assert.Equal(t, int64(DefaultSessionIdle), w.sessions.idle)
+		st := w.up.(*sessionTable)
+		assert.Equal(t, want, st.max)
+		assert.Equal(t, int64(DefaultSessionIdle), st.idle)
 	}
 }

@@ -6,84 +6,66 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"time"
 
-	"github.com/cidroute/cidroute/ppv2"
-	"github.com/cidroute/cidroute/registry"
 	"github.com/cidroute/cidroute/udpio"
 )
 
-// headerRoom is the capacity reserved per datagram for the encoder's
-// header: a PPv2 IPv6 header (52 bytes) with room for TLVs.
-const headerRoom = 256
-
-// A worker serves one SO_REUSEPORT socket of a service: a forward goroutine
-// (service socket → upstream socket) and a reverse one (upstream → service
-// socket). All batch state is allocated here, once.
+// A worker serves one SO_REUSEPORT socket of a service: it reads a batch
+// of client datagrams, applies the forward rule to each and hands the
+// routed ones to its upstream, which sends them to the backends and
+// relays the replies. It moves bytes; the Router decides. All batch state
+// is allocated here, once.
 type worker struct {
-	svc    *service
-	inConn *net.UDPConn // one of the service's SO_REUSEPORT sockets
-	upConn *net.UDPConn // this worker's source towards the backends
-	in, up *udpio.Conn
-	upPort uint16
-	adm    *Admission
-	// sessions is the transparent-mode session table; nil in PPv2 mode,
-	// where upConn is the shared upstream socket instead.
-	sessions *sessionTable
-	clients  []netip.AddrPort // transparent: client of fwdOut[i]
-	locals   []netip.Addr     // transparent: the address that client sent to
+	conn   *net.UDPConn // the service socket
+	in     *udpio.Conn
+	router *Router
+	own    *atomic.Pointer[OwnAddrs]
+	adm    *Admission // nil when every limit is off
+	up     upstream
+	rp     *replies // the upstream's, for the reverse counters
 
 	fwdIn, fwdOut []udpio.Message
-	revIn, revOut []udpio.Message
-
-	fwd, rev liveCounters
+	from          []Session // the client of fwdOut[i], and where it sent
+	fwd           liveCounters
 }
 
-func newWorker(s *service, in *net.UDPConn, sc Service, cfg Config) (*worker, error) {
-	w := &worker{svc: s, inConn: in, adm: NewAdmission(sc.Limits, sc.Workers)}
-	n := cfg.BatchSize
-	var err error
-	if w.in, err = udpio.NewConn(in, n); err != nil {
+// An upstream is the worker's side towards the backends, chosen when the
+// worker is built: one shared socket with PPv2 headers, or transparent
+// mode's sessions.
+type upstream interface {
+	// send sends a routed batch: out[i] (to its backend) came from
+	// from[i]. It counts each datagram into c.
+	send(out []udpio.Message, from []Session, c *Counters) error
+	// serve relays replies to clients until wake or close; it returns nil
+	// after a shutdown.
+	serve() error
+	// wake makes serve return without closing anything, so that batches
+	// in flight are still sent.
+	wake()
+	// close closes the upstream's sockets and waits for its goroutines.
+	close()
+	// addrs returns the addresses of the sockets that receive replies
+	// (none for transparent sessions, whose sockets are connected).
+	addrs() []netip.AddrPort
+	// sessions returns the number of transparent sessions.
+	sessions() int
+}
+
+// newWorker builds the worker of socket in, with the upstream up.
+func newWorker(in *net.UDPConn, r *Router, own *atomic.Pointer[OwnAddrs], adm *Admission, batch, maxDatagram int) (*worker, error) {
+	conn, err := udpio.NewConn(in, batch)
+	if err != nil {
 		return nil, err
 	}
-	if sc.Transparent {
-		w.sessions = newSessionTable(w, sc, cfg.MaxDatagram)
-		w.clients = make([]netip.AddrPort, n)
-		w.locals = make([]netip.Addr, n)
-	} else {
-		lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
-		ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
-		if err != nil {
-			return nil, fmt.Errorf("upstream socket: %w", err)
-		}
-		w.upConn = ups[0]
-		w.upPort = w.upConn.LocalAddr().(*net.UDPAddr).AddrPort().Port()
-		if w.up, err = udpio.NewConn(w.upConn, n); err != nil {
-			w.upConn.Close()
-			return nil, err
-		}
-	}
-	w.fwdIn, w.revIn = rxMessages(n, cfg.MaxDatagram), rxMessages(n, cfg.MaxDatagram)
-	w.fwdOut, w.revOut = make([]udpio.Message, n), make([]udpio.Message, n)
-	hdrs := make([]byte, n*headerRoom)
+	w := &worker{conn: in, in: conn, router: r, own: own, adm: adm,
+		fwdIn: rxMessages(batch, maxDatagram), fwdOut: make([]udpio.Message, batch), from: make([]Session, batch)}
+	hdrs := make([]byte, batch*HeaderRoom)
 	for i := range w.fwdOut {
-		w.fwdOut[i].Prefix = hdrs[i*headerRoom : i*headerRoom : (i+1)*headerRoom]
+		w.fwdOut[i].Prefix = hdrs[i*HeaderRoom : i*HeaderRoom : (i+1)*HeaderRoom]
 	}
 	return w, nil
-}
-
-func (w *worker) closeUpstream() {
-	if w.upConn != nil {
-		w.upConn.Close()
-	}
-}
-
-// loops returns the goroutines that serve the worker.
-func (w *worker) loops() []func() error {
-	if w.sessions != nil {
-		return []func() error{w.forwardLoop} // relays and sweeper belong to the table
-	}
-	return []func() error{w.forwardLoop, w.reverseLoop}
 }
 
 func rxMessages(n, size int) []udpio.Message {
@@ -98,211 +80,41 @@ func rxMessages(n, size int) []udpio.Message {
 // forwardLoop moves client datagrams to backends until the socket is
 // closed or its read deadline passes (shutdown).
 func (w *worker) forwardLoop() error {
-	r := w.svc.router
 	var c Counters
 	for {
 		n, err := w.in.ReadBatch(w.fwdIn)
 		if err != nil {
 			return ended(err)
 		}
-		snap, stale := r.backends.Snapshot(), r.backends.Stale()
-		var now int64
+		v := View{Snapshot: w.router.backends.Snapshot(), Stale: w.router.backends.Stale(),
+			Own: w.own.Load(), Admission: w.adm}
 		if w.adm != nil {
-			now = time.Now().UnixNano() // once per batch, and only with limits
+			v.Now = time.Now().UnixNano() // once per batch, and only with limits
 		}
 		c.Received += uint64(n)
 		out := w.fwdOut[:0]
 		for i := range w.fwdIn[:n] {
-			o := &w.fwdOut[len(out)]
-			if reason := w.forward(&w.fwdIn[i], o, snap, stale, now); reason != Forwarded {
-				c.Dropped[reason]++
+			m := &w.fwdIn[i]
+			if m.Err != nil {
+				c.Dropped[Malformed]++ // larger than MaxDatagram
 				continue
 			}
-			if w.sessions != nil {
-				w.clients[len(out)] = w.fwdIn[i].Addr
-				w.locals[len(out)] = netip.Addr{}
-				if w.svc.measured {
-					w.locals[len(out)] = w.fwdIn[i].Local
-				}
+			o := &w.fwdOut[len(out)]
+			d, hdr := w.router.Forward(o.Prefix[:0], m.Buf[:m.N], m.Addr, m.Local, &v)
+			if d.Reason != Forwarded {
+				c.Dropped[d.Reason]++
+				continue
 			}
+			o.Prefix, o.Buf, o.Addr, o.Local = hdr, m.Buf[:m.N], d.Backend, netip.Addr{}
+			w.from[len(out)] = Session{Client: m.Addr, Local: m.Local}
 			out = out[:len(out)+1]
 		}
-		if w.sessions != nil {
-			w.sessions.send(out, w.clients, w.locals, &c)
-		} else {
-			err = send(w.up, out, &c)
-		}
+		err = w.up.send(out, w.from, &c)
 		w.fwd.flush(&c)
 		if err != nil {
 			return err
 		}
 	}
-}
-
-// forward routes one client datagram m into o, following SPEC.md's routing
-// table; every refusal names its drop reason.
-func (w *worker) forward(m, o *udpio.Message, snap *registry.Snapshot, stale bool, now int64) Reason {
-	if m.Err != nil {
-		return Malformed // larger than MaxDatagram
-	}
-	r := w.svc.router
-	b := m.Buf[:m.N]
-	var c Class
-	if r.classify(b, &c) != nil {
-		return Malformed
-	}
-	if w.adm != nil && !w.adm.Admit(c, m.Addr, now) {
-		return RateLimited
-	}
-	be, reason := r.decide(snap, stale, &c, m.Addr)
-	if reason != Forwarded {
-		return reason
-	}
-	o.Buf, o.Addr, o.Local = b, be.Addr, netip.Addr{}
-	if w.sessions != nil {
-		o.Prefix = nil // transparent: the datagram goes unchanged
-		return Forwarded
-	}
-	service := r.service
-	if w.svc.measured && m.Local.IsValid() {
-		service = netip.AddrPortFrom(m.Local, service.Port())
-	}
-	hdr, err := r.appendHeader(o.Prefix[:cap(o.Prefix)][:0], m.Addr, service)
-	if err != nil {
-		return Malformed
-	}
-	o.Prefix = hdr
-	return Forwarded
-}
-
-// reverseLoop relays backends' replies to clients until shutdown.
-func (w *worker) reverseLoop() error {
-	r := w.svc.router
-	var c Counters
-	for {
-		n, err := w.up.ReadBatch(w.revIn)
-		if err != nil {
-			return ended(err)
-		}
-		snap := r.backends.Snapshot()
-		c.Received += uint64(n)
-		out := w.revOut[:0]
-		for i := range w.revIn[:n] {
-			o := &w.revOut[len(out)]
-			if reason := w.reverse(&w.revIn[i], o, snap); reason != Forwarded {
-				c.Dropped[reason]++
-				continue
-			}
-			out = out[:len(out)+1]
-		}
-		err = send(w.in, out, &c)
-		w.rev.flush(&c)
-		if err != nil {
-			return err
-		}
-	}
-}
-
-// reverse checks one backend reply m and prepares o, the payload to its
-// client.
-func (w *worker) reverse(m, o *udpio.Message, snap *registry.Snapshot) Reason {
-	if m.Err != nil {
-		if !snap.IsBackend(m.Addr) {
-			return UntrustedSender
-		}
-		return Malformed
-	}
-	client, service, payload, reason := w.svc.reply(snap, m.Addr, m.Buf[:m.N])
-	if reason != Forwarded {
-		return reason
-	}
-	o.Prefix, o.Buf, o.Addr, o.Local = nil, payload, client, netip.Addr{}
-	if w.svc.measured {
-		o.Local = service.Addr() // leave from the address the client used
-	}
-	return Forwarded
-}
-
-// reply is the reverse path's rule: a datagram b from the physical sender
-// from is relayed only when from is a backend of the service, its PPv2
-// source is the service's address and its destination a valid unicast
-// client. It returns the client, the service address the backend named and
-// the payload (a view into b).
-func (s *service) reply(snap *registry.Snapshot, from netip.AddrPort, b []byte) (client, service netip.AddrPort, payload []byte, reason Reason) {
-	if !snap.IsBackend(from) {
-		return client, service, nil, UntrustedSender
-	}
-	h, off, err := ppv2.Parse(b)
-	if err != nil || h.Command != ppv2.Proxy || !s.isServiceAddr(unmap(h.Src)) {
-		return client, service, nil, BadProxyHeader
-	}
-	client = unmap(h.Dst)
-	if !s.validClient(client) {
-		return client, service, nil, BadDestination
-	}
-	return client, unmap(h.Src), b[off:], Forwarded
-}
-
-// isServiceAddr reports whether a is the service's public address; when
-// that is a wildcard, any unicast address on the service's port.
-func (s *service) isServiceAddr(a netip.AddrPort) bool {
-	l := s.router.service
-	if !s.measured {
-		return a == l
-	}
-	ip := a.Addr()
-	return a.Port() == l.Port() && ip.IsValid() && !ip.IsUnspecified() && !ip.IsMulticast()
-}
-
-var limitedBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
-
-// validClient reports whether a reply may be sent to a: a unicast address
-// that is not the proxy's own, and not loopback unless the service itself
-// listens on loopback (so a backend cannot aim the proxy at local services).
-func (s *service) validClient(a netip.AddrPort) bool {
-	ip := a.Addr()
-	switch {
-	case !ip.IsValid(), a.Port() == 0, ip.IsUnspecified(), ip.IsMulticast(), ip == limitedBroadcast:
-		return false
-	case ip.IsLoopback() && !s.router.service.Addr().IsLoopback():
-		return false
-	}
-	// The proxy's own sockets: the service's ports and the upstream ports,
-	// on loopback or on the service's own addresses.
-	own := ip.IsLoopback() || ip == s.router.service.Addr() || ip == s.cfg.Listen.Addr()
-	if !own {
-		return true
-	}
-	if a.Port() == s.router.service.Port() || a.Port() == s.cfg.Listen.Port() {
-		return false
-	}
-	for _, w := range s.workers {
-		if a.Port() == w.upPort {
-			return false
-		}
-	}
-	return true
-}
-
-// send writes a batch and counts each datagram as forwarded or as a send
-// error. A socket-level error is returned; its datagrams are counted as
-// send errors.
-func send(c *udpio.Conn, out []udpio.Message, cnt *Counters) error {
-	if len(out) == 0 {
-		return nil
-	}
-	_, err := c.WriteBatch(out)
-	for i := range out {
-		if out[i].Err != nil {
-			cnt.Dropped[SendError]++
-		} else {
-			cnt.Forwarded++
-		}
-	}
-	if err != nil && !errors.Is(err, net.ErrClosed) {
-		return fmt.Errorf("send: %w", err)
-	}
-	return nil
 }
 
 // ended maps the read error that ends a loop: a shutdown is not an error.
@@ -311,4 +123,17 @@ func ended(err error) error {
 		return nil
 	}
 	return fmt.Errorf("receive: %w", err)
+}
+
+// wake makes both loops return soon, without closing a socket.
+func (w *worker) wake() {
+	w.conn.SetReadDeadline(time.Unix(1, 0))
+	w.up.wake()
+}
+
+// close closes the upstream (ending transparent sessions), then the
+// service socket.
+func (w *worker) close() {
+	w.up.close()
+	w.conn.Close()
 }

@@ -87,4 +87,11 @@ func TestAllocs(t *testing.T) {
 	}); n != 0 {
 		t.Fatalf("OrdinalFirst: %v allocs", n)
 	}
+	rec := make([]byte, 0, 64)
+	if n := testing.AllocsPerRun(100, func() {
+		_, _ = AppendRecord(rec, cidRecord)
+		_ = StartsSession(flight5, 8)
+	}); n != 0 {
+		t.Fatalf("AppendRecord/StartsSession: %v allocs", n)
+	}
 }

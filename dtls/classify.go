@@ -32,11 +32,12 @@ type Class struct {
 	// records are validated as records but their CIDs are not compared: a
 	// peer sends one connection's records per datagram.
 	CID []byte
-	// ClientHello reports that the first record is an epoch-0 handshake
-	// record whose fragment starts with msg_type client_hello (1). It
-	// describes the first record whatever the Kind, and is set for every
+	// ClientHello reports that some record of the datagram is an epoch-0
+	// handshake record whose fragment starts with msg_type client_hello
+	// (1), whatever the Kind: a ClientHello behind or before a tls12_cid
+	// record still opens a session at the server. It is set for every
 	// fragment of a fragmented ClientHello, since each one is a piece of a
-	// new handshake.
+	// new handshake. See StartsSession.
 	ClientHello bool
 	// Records is the number of records walked. With an error it is the
 	// number of valid records before the one that failed, which is the
@@ -44,57 +45,27 @@ type Class struct {
 	Records int
 }
 
-// Classify walks every record of the datagram b and reports its routing
-// class. cidLen is the service's configured CID length (MinCIDLen to
-// MaxCIDLen). It fails when any record is malformed, when bytes follow the
-// last whole record, or on a DTLS 1.3 unified header; a datagram with a
-// broken record is never reported as new, even if an earlier record was a
-// valid ClientHello. It does not allocate.
-func Classify(b []byte, cidLen int) (Class, error) {
-	if cidLen < MinCIDLen || cidLen > MaxCIDLen {
-		return Class{}, ErrCIDLength
-	}
-	if len(b) == 0 {
-		return Class{}, ErrTooShort
-	}
-	// The same checks as parseRecord, without building a Record; on any
-	// failure parseRecord runs again to pick the error, so that both always
-	// agree (FuzzClassify checks it).
-	first := b
-	var cid []byte
-	records := 0
-	for len(b) > 0 {
-		if len(b) < HeaderLen || (uint16(b[1])<<8|uint16(b[2]))|2 != VersionDTLS10 { // fe fd or fe ff
-			return classifyError(b, cidLen, records)
-		}
-		h := HeaderLen
-		switch t := ContentType(b[0]); {
-		case t == TLS12CID:
-			h += cidLen
-			if len(b) < h {
-				return classifyError(b, cidLen, records)
-			}
-			if cid == nil {
-				cid = b[11 : h-2 : h-2]
-			}
-		case t < ChangeCipherSpec || t > ApplicationData:
-			return classifyError(b, cidLen, records)
-		}
-		lb := b[h-2 : h]
-		l := int(lb[0])<<8 | int(lb[1])
-		if l == 0 || l > len(b)-h {
-			return classifyError(b, cidLen, records)
-		}
-		records++
-		b = b[h+l:]
-	}
-	// The first record is a whole one: as a handshake record it has a
-	// 13-byte header and at least one fragment byte, the msg_type.
-	clientHello := len(first) > HeaderLen && first[0] == byte(Handshake) && first[3]|first[4] == 0 && first[HeaderLen] == 1
-	if cid == nil {
-		return Class{Kind: KindNew, ClientHello: clientHello, Records: records}, nil
-	}
-	return Class{Kind: KindEstablished, CID: cid, ClientHello: clientHello, Records: records}, nil
+// StartsSession reports whether the datagram opens a session at a server:
+// it carries a ClientHello (see Class.ClientHello), wherever it sits among
+// the records. This is the one definition that a proxy's admission limits
+// and a backend's direct-datagram policy share.
+func (c Class) StartsSession() bool { return c.ClientHello }
+
+// StartsSession reports whether datagram b, from a client of a service
+// whose CIDs are cidLen bytes long, opens a session at a server: Classify
+// accepts it and the Class says so. A datagram Classify rejects starts
+// nothing: DTLS stacks (pion's among them) drop a datagram with a broken
+// record whole. It does not allocate.
+func StartsSession(b []byte, cidLen int) bool {
+	c, err := Classify(b, cidLen)
+	return err == nil && c.StartsSession()
+}
+
+// isClientHello reports whether a whole record (header of h bytes, at
+// least one fragment byte) is an epoch-0 handshake record whose fragment
+// starts a ClientHello.
+func isClientHello(rec []byte, h int) bool {
+	return rec[0] == byte(Handshake) && rec[3]|rec[4] == 0 && rec[h] == byte(HandshakeClientHello)
 }
 
 // classifyError returns the error of the record at the start of b, which

@@ -17,8 +17,11 @@ var (
 	ErrCodec = errors.New("dtls: unusable CID codec")
 )
 
+// OrdinalFirstDefaultLen is the CID length of the zero OrdinalFirst, the
+// DTLS default.
+const OrdinalFirstDefaultLen = 8
+
 const (
-	defaultOrdinalFirstLen = 8
 	// One ordinal byte and at least four random bytes, as QUIC-LB asks of
 	// its nonce: pion routes a listener's datagrams by CID, so two live
 	// sessions of one backend must not draw the same CID.
@@ -43,7 +46,7 @@ type OrdinalFirst struct {
 // Len returns the CID length, 8 for the zero value.
 func (c OrdinalFirst) Len() int {
 	if c.Length == 0 {
-		return defaultOrdinalFirstLen
+		return OrdinalFirstDefaultLen
 	}
 	return c.Length
 }

@@ -77,9 +77,7 @@ func checkAgainstWalk(t *testing.T, b []byte, cidLen int, c Class, err error) {
 			}
 			break
 		}
-		if want.Records == 0 {
-			want.ClientHello = r.Type == Handshake && r.Epoch == 0 && r.Fragment[0] == 1
-		}
+		want.ClientHello = want.ClientHello || r.Type == Handshake && r.Epoch == 0 && r.Fragment[0] == 1
 		if r.Type == TLS12CID && want.CID == nil {
 			want.CID = r.CID
 		}
@@ -103,5 +101,8 @@ func checkAgainstWalk(t *testing.T, b []byte, cidLen int, c Class, err error) {
 	}
 	if (err == nil) == (c.Kind == KindInvalid) {
 		t.Fatalf("kind %v with err %v", c.Kind, err)
+	}
+	if StartsSession(b, cidLen) != (err == nil && c.ClientHello) {
+		t.Fatalf("StartsSession disagrees with Classify (%+v, %v)", c, err)
 	}
 }

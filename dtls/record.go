@@ -1,6 +1,9 @@
 package dtls
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // ContentType is the first byte of a DTLS record.
 type ContentType uint8
@@ -73,6 +76,23 @@ var (
 	// ErrCIDLength: the configured CID length is outside MinCIDLen..MaxCIDLen,
 	// or a codec's Length is outside its range.
 	ErrCIDLength = errors.New("dtls: invalid CID length")
+	// ErrFieldRange: AppendRecord was given a field that does not fit its
+	// place on the wire (a sequence number above 48 bits, a fragment
+	// longer than 65535 bytes, a CID on a record type without one).
+	ErrFieldRange = errors.New("dtls: record field out of range")
+)
+
+// HandshakeType is the msg_type of a handshake message, the first byte of
+// every handshake fragment (RFC 6347 §4.2.2).
+type HandshakeType uint8
+
+// The handshake messages this package names.
+const (
+	HandshakeClientHello        HandshakeType = 1
+	HandshakeServerHello        HandshakeType = 2
+	HandshakeHelloVerifyRequest HandshakeType = 3
+	HandshakeClientKeyExchange  HandshakeType = 16
+	HandshakeFinished           HandshakeType = 20
 )
 
 // Record is one parsed DTLS record. CID and Fragment are views into the
@@ -159,4 +179,51 @@ func typeError(b0 byte) error {
 		return ErrDTLS13
 	}
 	return ErrContentType
+}
+
+// AppendRecord appends r as one record to dst: the header (with r.CID
+// right after the sequence number when r.Type is TLS12CID) and
+// r.Fragment, whose length the header takes. A zero Version means
+// VersionDTLS12. It is ParseRecord's inverse, for tests, load generators
+// and anything else that writes records; it does not encrypt. Errors:
+// ErrContentType, ErrVersion, ErrEmptyRecord, ErrCIDLength (a TLS12CID
+// record without a CID of MinCIDLen..MaxCIDLen bytes) and ErrFieldRange;
+// dst then comes back unchanged. It does not allocate when dst has room.
+func AppendRecord(dst []byte, r Record) ([]byte, error) {
+	if r.Version == 0 {
+		r.Version = VersionDTLS12
+	}
+	switch {
+	case !validType(r.Type):
+		return dst, ErrContentType
+	case r.Version != VersionDTLS12 && r.Version != VersionDTLS10:
+		return dst, ErrVersion
+	case len(r.Fragment) == 0:
+		return dst, ErrEmptyRecord
+	case r.Type == TLS12CID && (len(r.CID) < MinCIDLen || len(r.CID) > MaxCIDLen):
+		return dst, ErrCIDLength
+	case r.Type != TLS12CID && len(r.CID) != 0:
+		return dst, fmt.Errorf("%w: a CID on a %v record", ErrFieldRange, r.Type)
+	case r.Seq >= 1<<48:
+		return dst, fmt.Errorf("%w: sequence number %d above 48 bits", ErrFieldRange, r.Seq)
+	case len(r.Fragment) > 0xffff:
+		return dst, fmt.Errorf("%w: fragment of %d bytes", ErrFieldRange, len(r.Fragment))
+	}
+	dst = append(dst, byte(r.Type), byte(r.Version>>8), byte(r.Version), byte(r.Epoch>>8), byte(r.Epoch),
+		byte(r.Seq>>40), byte(r.Seq>>32), byte(r.Seq>>24), byte(r.Seq>>16), byte(r.Seq>>8), byte(r.Seq))
+	dst = append(dst, r.CID...)
+	dst = append(dst, byte(len(r.Fragment)>>8), byte(len(r.Fragment)))
+	return append(dst, r.Fragment...), nil
+}
+
+// AppendHandshake appends an unfragmented handshake message to dst, as it
+// goes into a Handshake record's fragment: msg_type, the 24-bit length,
+// message_seq, fragment_offset 0 and fragment_length = length, then body
+// (RFC 6347 §4.2.2). body must be shorter than 2^24 bytes. It does not
+// allocate when dst has room.
+func AppendHandshake(dst []byte, t HandshakeType, messageSeq uint16, body []byte) []byte {
+	n := len(body)
+	dst = append(dst, byte(t), byte(n>>16), byte(n>>8), byte(n), byte(messageSeq>>8), byte(messageSeq),
+		0, 0, 0, byte(n>>16), byte(n>>8), byte(n))
+	return append(dst, body...)
 }

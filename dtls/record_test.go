@@ -42,6 +42,13 @@ var classifyCases = []classifyCase{
 	{"two-cids-first-wins", datagram(cidRecord, Record{Type: TLS12CID, Version: VersionDTLS12, Epoch: 1, CID: cid8b, Fragment: sealed}), 8,
 		Class{Kind: KindEstablished, CID: cid8, Records: 2}, nil},
 	{"clienthello-then-cid", datagram(clientHello, cidRecord), 8, Class{Kind: KindEstablished, CID: cid8, ClientHello: true, Records: 2}, nil},
+	// A ClientHello anywhere counts (issue 15): behind a CID record, or
+	// behind an alert.
+	{"cid-then-clienthello", datagram(cidRecord, clientHello), 8, Class{Kind: KindEstablished, CID: cid8, ClientHello: true, Records: 2}, nil},
+	{"alert-then-clienthello", datagram(Record{Type: Alert, Version: VersionDTLS12, Fragment: []byte{1, 0}}, clientHello), 8,
+		Class{Kind: KindNew, ClientHello: true, Records: 2}, nil},
+	{"flight5-then-clienthello", append(append([]byte(nil), flight5...), datagram(clientHello)...), 8,
+		Class{Kind: KindEstablished, CID: cid8, ClientHello: true, Records: 4}, nil},
 	{"hello-verify-request", datagram(Record{Type: Handshake, Version: VersionDTLS12, Fragment: hvrFrag}), 8, Class{Kind: KindNew, Records: 1}, nil},
 	{"clienthello-epoch1-is-not", datagram(Record{Type: Handshake, Version: VersionDTLS12, Epoch: 1, Fragment: clientHelloFrag}), 8, Class{Kind: KindNew, Records: 1}, nil},
 	{"appdata-no-cid", datagram(Record{Type: ApplicationData, Version: VersionDTLS12, Epoch: 1, Seq: 1<<48 - 1, Fragment: sealed}), 8, Class{Kind: KindNew, Records: 1}, nil},
@@ -137,6 +144,7 @@ func TestContentTypeAndKindStrings(t *testing.T) {
 func TestRoundTripRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	types := []ContentType{ChangeCipherSpec, Alert, Handshake, ApplicationData, TLS12CID}
+	var err error
 	for range 2000 {
 		cidLen := 1 + rng.IntN(MaxCIDLen)
 		if rng.IntN(2) == 0 {
@@ -167,6 +175,12 @@ func TestRoundTripRandom(t *testing.T) {
 			rs = append(rs, r)
 		}
 		b := datagram(rs...)
+		var enc []byte
+		for _, r := range rs {
+			enc, err = AppendRecord(enc, r)
+			noErr(t, err)
+		}
+		eq(t, b, enc, "AppendRecord writes what the reference encoder does")
 
 		c, err := Classify(b, cidLen)
 		noErr(t, err)
@@ -182,4 +196,43 @@ func TestRoundTripRandom(t *testing.T) {
 		}
 		eq(t, 0, len(b))
 	}
+}
+
+func TestAppendRecordErrors(t *testing.T) {
+	dst := []byte{9}
+	for _, tc := range []struct {
+		r   Record
+		err error
+	}{
+		{Record{Type: 24, Fragment: []byte{1}}, ErrContentType},
+		{Record{Type: Handshake, Version: 0xfefc, Fragment: []byte{1}}, ErrVersion},
+		{Record{Type: Handshake}, ErrEmptyRecord},
+		{Record{Type: TLS12CID, Fragment: []byte{1}}, ErrCIDLength},
+		{Record{Type: TLS12CID, CID: make([]byte, 256), Fragment: []byte{1}}, ErrCIDLength},
+		{Record{Type: Alert, CID: cid8, Fragment: []byte{1}}, ErrFieldRange},
+		{Record{Type: Alert, Seq: 1 << 48, Fragment: []byte{1}}, ErrFieldRange},
+		{Record{Type: ApplicationData, Fragment: make([]byte, 1<<16)}, ErrFieldRange},
+	} {
+		out, err := AppendRecord(dst, tc.r)
+		errIs(t, err, tc.err, "%+v", tc.r)
+		eq(t, []byte{9}, out, "dst unchanged")
+	}
+	// A zero version is DTLS 1.2.
+	b, err := AppendRecord(nil, Record{Type: Alert, Fragment: []byte{1, 0}})
+	noErr(t, err)
+	r, _, err := ParseRecord(b, 8)
+	noErr(t, err)
+	eq(t, VersionDTLS12, r.Version)
+}
+
+func TestAppendHandshake(t *testing.T) {
+	eq(t, clientHelloFrag, AppendHandshake(nil, HandshakeClientHello, 0, []byte{0xfe, 0xfd}))
+	eq(t, ckeFrag, AppendHandshake(nil, HandshakeClientKeyExchange, 2, []byte{0, 0x41}))
+	hello, err := AppendRecord(nil, Record{Type: Handshake, Version: VersionDTLS10,
+		Fragment: AppendHandshake(nil, HandshakeClientHello, 0, []byte("body"))})
+	noErr(t, err)
+	isTrue(t, StartsSession(hello, 8))
+	c, err := Classify(hello, 8)
+	noErr(t, err)
+	eq(t, Class{Kind: KindNew, ClientHello: true, Records: 1}, c)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"net/netip"
-	"slices"
 
 	"github.com/cidroute/cidroute/internal/addr"
 )
@@ -121,38 +120,13 @@ func AppendHeader(dst []byte, h Header) ([]byte, error) {
 	if h.Command != Proxy || len(h.TLVs) != 0 {
 		return appendGeneral(dst, &h, false)
 	}
-	return appendProxy(dst, &h.Src, &h.Dst)
+	return appendProxyHeader(dst, &h)
 }
 
 // AppendProxy is AppendHeader for a Proxy header without TLVs, the one a
 // proxy writes per datagram, with no Header to build and copy.
 func AppendProxy(dst []byte, src, dest netip.AddrPort) ([]byte, error) {
-	return appendProxy(dst, &src, &dest)
-}
-
-// appendProxy takes pointers: two AddrPorts and a slice do not fit the
-// argument registers, and both callers already hold them in memory.
-func appendProxy(dst []byte, src, dest *netip.AddrPort) ([]byte, error) {
-	shi, slo := addr.Words(src.Addr())
-	dhi, dlo := addr.Words(dest.Addr())
-	start := len(dst)
-	if is4(shi, slo) && is4(dhi, dlo) {
-		if cap(dst)-start < HeaderLen4 {
-			dst = growSlow(dst, HeaderLen4)
-		}
-		dst = dst[:start+HeaderLen4]
-		put4(dst[start:], slo, dlo, src.Port(), dest.Port())
-		return dst, nil
-	}
-	if !src.Addr().IsValid() || !dest.Addr().IsValid() {
-		return dst, errNoAddr
-	}
-	if cap(dst)-start < HeaderLen6 {
-		dst = growSlow(dst, HeaderLen6)
-	}
-	dst = dst[:start+HeaderLen6]
-	put6(dst[start:], shi, slo, dhi, dlo, src.Port(), dest.Port())
-	return dst, nil
+	return appendProxyAddrs(dst, src, dest)
 }
 
 // AppendHeaderCRC is AppendHeader with a CRC32C TLV appended after h.TLVs,
@@ -164,9 +138,6 @@ func AppendHeaderCRC(dst []byte, h Header) ([]byte, error) {
 // is4 reports whether an address's words (internal/addr) are IPv4-mapped,
 // ::ffff:a.b.c.d; every IPv4 address reads that way, so this is "is IPv4".
 func is4(hi, lo uint64) bool { return hi == 0 && lo>>32 == 0xffff }
-
-//go:noinline
-func growSlow(dst []byte, n int) []byte { return slices.Grow(dst, n) }
 
 // put4 and put6 write the fixed 16 bytes and the address block from the
 // addresses' words: word stores, no byte arrays to copy.

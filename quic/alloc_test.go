@@ -26,6 +26,12 @@ func TestNoAllocs(t *testing.T) {
 			_, _ = Classify(truncated, 12)
 			_, _ = Classify(nil, 12)
 		},
+		"StartsSession": func() {
+			for _, d := range datagrams {
+				_ = StartsSession(d, 12)
+			}
+			_ = StartsSession(truncated, 12)
+		},
 		"LB.Ordinal":   func() { _, _ = LB{}.Ordinal(cid); _, _ = LB{ConfigID: 9}.Ordinal(cid) },
 		"LB.AppendCID": func() { buf, _ = LB{}.AppendCID(buf[:0], 9) },
 	} {

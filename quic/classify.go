@@ -34,16 +34,61 @@ type Class struct {
 	Type    PacketType // type of the first packet
 	DCID    []byte     // DCID of the first packet, shared by all packets
 	Version uint32     // version of the first packet; 0 for a short header
-	Initial bool       // the datagram carries an Initial packet
-	ZeroRTT bool       // the datagram carries a 0-RTT packet
+	Initial bool       // some packet of the datagram is an Initial packet
+	ZeroRTT bool       // some packet of the datagram is a 0-RTT packet
 	Packets int        // packets walked, padding not counted
 	Padding int        // trailing zero bytes after the last packet
 }
 
+// StartsHandshake reports whether the datagram opens a connection attempt
+// at a server, wherever the packet sits in the coalesced walk: an Initial
+// packet, or a long header of a version this package does not know (the
+// server answers it with Version Negotiation, RFC 9000 §6.1).
+func (c Class) StartsHandshake() bool { return c.Initial || c.Type == UnknownVersion }
+
+// StartsSession reports whether the datagram carries anything that opens
+// a session at a server: StartsHandshake, or a 0-RTT packet (early data a
+// server accepts before the handshake completes). This is the one
+// definition that a proxy's admission limits and a backend's
+// direct-datagram policy share.
+//
+// Mixed datagrams: RFC 9000 §12.2 only recommends coalescing in order of
+// increasing encryption level and tells receivers to process every packet
+// of a datagram on its own, so a Handshake packet followed by an Initial
+// or 0-RTT packet of the same DCID is valid; the server acts on the later
+// packets too, so they count here whatever the first packet is.
+func (c Class) StartsSession() bool { return c.StartsHandshake() || c.ZeroRTT }
+
+// StartsSession reports whether datagram b, from a client of a server
+// whose CIDs are serverCIDLen bytes long, opens a session: Classify
+// accepts it and Class.StartsSession says so. A datagram Classify rejects
+// still counts when a packet that parses before the fault is an Initial or
+// 0-RTT packet (or names an unknown version): a server processes the
+// packets of a datagram one by one (RFC 9000 §12.2) and may act on it. It
+// does not allocate.
+func StartsSession(b []byte, serverCIDLen int) bool {
+	c, err := Classify(b, serverCIDLen)
+	if err == nil {
+		return c.StartsSession()
+	}
+	for off := 0; off < len(b); {
+		typ, _, _, n, err := scan(b[off:], serverCIDLen)
+		if err != nil {
+			return false
+		}
+		if typ == Initial || typ == ZeroRTT || typ == UnknownVersion {
+			return true
+		}
+		off += n
+	}
+	return false
+}
+
 // Classify walks the coalesced packets of a client datagram (RFC 9000
 // §12.2) and says how to route it. Short header DCIDs are serverCIDLen
-// bytes long. The first packet decides the kind; every later packet must
-// carry the same DCID. A long header of an unknown version is parsed by the
+// bytes long. The first packet decides the kind (RFC 9000 §12.2 lets a
+// receiver route by it); every later packet must carry the same DCID, and
+// Initial and ZeroRTT report packets anywhere in the walk. A long header of an unknown version is parsed by the
 // invariants only and is classified KindNew with its DCID: the backend
 // answers it with Version Negotiation.
 //

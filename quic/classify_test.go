@@ -181,6 +181,46 @@ func TestClassifySynthetic(t *testing.T) {
 	}
 }
 
+// TestStartsSession: an Initial or 0-RTT packet anywhere in the walk starts
+// a session, whatever packet comes first (issue 15: a Handshake packet in
+// front used to hide them from the proxy's limits).
+func TestStartsSession(t *testing.T) {
+	dcid, scid := seq(12, 0x10), seq(8, 0x50)
+	pad := func(b []byte) []byte { return append(b, make([]byte, max(0, 1200-len(b)))...) }
+	initial := long(0xc0, Version1, dcid, scid, nil, true, 100)
+	zeroRTT := long(0xd0, Version1, dcid, scid, nil, false, 100)
+	handshake := long(0xe0, Version1, dcid, scid, nil, false, 60)
+	for _, tc := range []struct {
+		name               string
+		b                  []byte
+		handshake, session bool
+	}{
+		{"Initial", pad(initial), true, true},
+		{"0-RTT", zeroRTT, false, true},
+		{"Handshake", handshake, false, false},
+		{"short", short(dcid, 30), false, false},
+		{"Handshake then Initial", pad(cat(handshake, initial)), true, true},
+		{"Handshake then 0-RTT", cat(handshake, zeroRTT), false, true},
+		{"Handshake then 0-RTT then short", cat(handshake, zeroRTT, short(dcid, 30)), false, true},
+		{"unknown version", pad(long(0xc0, 0x1a2a3a4a, dcid, scid, nil, false, -1)), true, true},
+		// Rejected by Classify (an Initial under 1200 bytes), but a server
+		// that processes packets one by one might act on the Initial.
+		{"small Initial", initial, false, true},
+		{"Handshake then small Initial", cat(handshake, initial), false, true},
+		{"Handshake then junk", cat(handshake, []byte{0xc0, 0, 0}), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Classify(tc.b, 12)
+			if err == nil && (c.StartsHandshake() != tc.handshake || c.StartsSession() != tc.session) {
+				t.Fatalf("StartsHandshake %v StartsSession %v, want %v %v", c.StartsHandshake(), c.StartsSession(), tc.handshake, tc.session)
+			}
+			if got := StartsSession(tc.b, 12); got != tc.session {
+				t.Fatalf("StartsSession(b) = %v, want %v (Classify: %v)", got, tc.session, err)
+			}
+		})
+	}
+}
+
 // Every prefix and every one-byte corruption of the real datagrams gives a
 // result or an error, never a panic or a view outside the buffer.
 func TestClassifyMutations(t *testing.T) {

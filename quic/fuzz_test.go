@@ -54,6 +54,20 @@ func FuzzClassify(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, cidLen uint8) {
 		c, err := Classify(b, int(cidLen))
 		if err != nil {
+			// Rejected: it starts a session exactly when a packet that
+			// parses before the fault would.
+			starts := false
+			for off := 0; off < len(b) && !starts; {
+				h, herr := ParseHeader(b[off:], int(cidLen))
+				if herr != nil {
+					break
+				}
+				starts = h.Type == Initial || h.Type == ZeroRTT || h.Type == UnknownVersion
+				off += h.Len
+			}
+			if StartsSession(b, int(cidLen)) != starts {
+				t.Fatalf("rejected datagram (%v): StartsSession %v, re-walk %v", err, !starts, starts)
+			}
 			return
 		}
 		checkViews(t, b, c.DCID)
@@ -85,6 +99,9 @@ func FuzzClassify(f *testing.F) {
 		}
 		if off != len(b)-c.Padding || n != c.Packets || initial != c.Initial || zeroRTT != c.ZeroRTT {
 			t.Fatalf("re-walk: %d packets to %d, Class %+v", n, off, c)
+		}
+		if starts := initial || zeroRTT || c.Type == UnknownVersion; starts != c.StartsSession() || starts != StartsSession(b, int(cidLen)) {
+			t.Fatalf("a packet that starts a session: %v, Class.StartsSession %v, StartsSession %v", starts, c.StartsSession(), StartsSession(b, int(cidLen)))
 		}
 		if !allZero(b[off:]) {
 			t.Fatal("padding not zero")

@@ -13,6 +13,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cidroute/cidroute/internal/addr"
 )
 
 // ctrlSize is the control buffer per received datagram: room for one
@@ -282,7 +284,7 @@ func (c *Conn) writeChunk(ms []Message) (int, error) {
 func (c *Conn) packSend(j int, m *Message) bool {
 	tx := &c.tx
 	h := &tx.hs[j]
-	dst := unmap(m.Addr)
+	dst := addr.Unmap(m.Addr)
 	if !dst.IsValid() || (!c.v6 && !dst.Addr().Is4()) {
 		return false
 	}

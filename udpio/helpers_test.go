@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/internal/addr"
 )
 
 func listen(t testing.TB, network, addr string, cfg ListenConfig) *net.UDPConn {
@@ -32,7 +34,7 @@ func newConn(t testing.TB, c *net.UDPConn, batch int) *Conn {
 }
 
 func addrOf(c *net.UDPConn) netip.AddrPort {
-	return unmap(c.LocalAddr().(*net.UDPAddr).AddrPort())
+	return addr.Unmap(c.LocalAddr().(*net.UDPAddr).AddrPort())
 }
 
 // readAll reads until want datagrams arrived (or fails after 5 s), copying

@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+
+	"github.com/cidroute/cidroute/internal/addr"
 )
 
 // portable is the one-datagram-per-syscall IO behind Conn on systems
@@ -32,7 +34,7 @@ func (p *portable) readBatch(ms []Message) (int, error) {
 	if !direct {
 		buf = p.rbuf
 	}
-	n, addr, err := p.c.ReadFromUDPAddrPort(buf)
+	n, from, err := p.c.ReadFromUDPAddrPort(buf)
 	if err != nil {
 		return 0, err
 	}
@@ -43,7 +45,7 @@ func (p *portable) readBatch(ms []Message) (int, error) {
 			n, m.Err = len(m.Buf), ErrTruncated
 		}
 	}
-	m.N, m.Addr, m.Local = n, unmap(addr), netip.Addr{}
+	m.N, m.Addr, m.Local = n, addr.Unmap(from), netip.Addr{}
 	return 1, nil
 }
 
@@ -52,7 +54,7 @@ func (p *portable) writeBatch(ms []Message) (int, error) {
 	for i := range ms {
 		m := &ms[i]
 		m.Err = nil
-		dst := unmap(m.Addr)
+		dst := addr.Unmap(m.Addr)
 		switch {
 		case !dst.IsValid():
 			m.Err = ErrAddress

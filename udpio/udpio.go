@@ -169,11 +169,3 @@ func (s Steering) steerRef(b []byte) (ordinal uint8, ok bool) {
 	}
 	return 0, false
 }
-
-// unmap returns a with an IPv4-mapped IPv6 address turned into IPv4.
-func unmap(a netip.AddrPort) netip.AddrPort {
-	if a.Addr().Is4In6() {
-		return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
-	}
-	return a
-}

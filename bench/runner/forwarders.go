@@ -287,10 +287,11 @@ func waitReady(ctx context.Context, p *process) error {
 	defer c.Close()
 	// A tls12_cid record (type 25, DTLS 1.2, epoch 1, sequence 1) whose
 	// CID carries ordinal 0, the one backend.
-	probe := []byte{25, 0xfe, 0xfd, 0, 1, 0, 0, 0, 0, 0, 1}
-	probe, _ = dtls.OrdinalFirst{}.AppendCID(probe, 0)
-	probe = append(probe, 0, 6)
-	probe = append(probe, "ready?"...)
+	cid, _ := dtls.OrdinalFirst{}.AppendCID(nil, 0)
+	probe, err := dtls.AppendRecord(nil, dtls.Record{Type: dtls.TLS12CID, Epoch: 1, Seq: 1, CID: cid, Fragment: []byte("ready?")})
+	if err != nil {
+		return err
+	}
 	buf := make([]byte, 2048)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {

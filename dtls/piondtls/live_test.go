@@ -136,7 +136,7 @@ func (s *server) seenAddrs() []backend.Addr {
 // startProxy starts one cidroute replica in front of backends.
 func startProxy(t *testing.T, bs []registry.Backend) netip.AddrPort {
 	t.Helper()
-	_, addr := testproxy.Start(t, 42, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Service: publicAddr}})
+	_, addr := testproxy.Start(t, 42, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, PublicAddr: publicAddr}})
 	return addr
 }
 

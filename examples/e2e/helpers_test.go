@@ -57,7 +57,7 @@ type replica struct {
 // dropped, per direction).
 func startReplicas(t *testing.T, n int, proto cidroute.Protocol, bs []registry.Backend) []*replica {
 	t.Helper()
-	return startServiceReplicas(t, n, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: proto, Service: public}})
+	return startServiceReplicas(t, n, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: proto, PublicAddr: public}})
 }
 
 // startServiceReplicas starts n replicas of svc (name, listen address,
@@ -138,7 +138,8 @@ func setBackends(t *testing.T, rs []*replica, bs []registry.Backend) {
 // address, so the port tells them apart.
 func replicaOf(rs []*replica, a netip.AddrPort) *replica {
 	for _, r := range rs {
-		for _, up := range r.pipe.UpstreamAddrs("svc") {
+		ups, _ := r.pipe.UpstreamAddrs("svc")
+		for _, up := range ups {
 			if up.Port() == a.Port() && a.Addr().IsLoopback() {
 				return r
 			}

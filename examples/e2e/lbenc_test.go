@@ -154,7 +154,7 @@ func TestQUICEncryptedKeyRotation(t *testing.T) {
 	}
 	proxyCodec := lbEnc(t, nonce, 1, lbKey1) // shared by the replicas: one SetKeys is every replica's reload
 	rs := startServiceReplicas(t, 2, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{
-		Protocol: cidroute.QUIC, Service: public, Codec: proxyCodec}})
+		Protocol: cidroute.QUIC, PublicAddr: public, Codec: proxyCodec}})
 	cidLen := proxyCodec.Len()
 
 	stop := make(chan struct{})
@@ -265,7 +265,7 @@ func TestDTLSEncryptedCIDs(t *testing.T) {
 	}
 	proxyCodec := lbEnc(t, nonce, 1, lbKey1)
 	rs := startServiceReplicas(t, 2, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{
-		Protocol: cidroute.DTLS, Service: public, Codec: proxyCodec}})
+		Protocol: cidroute.DTLS, PublicAddr: public, Codec: proxyCodec}})
 
 	// session dials, asks once, and checks that the CID it uses carries
 	// config and decodes, with the key, to the backend that answered.

@@ -194,7 +194,10 @@ func TestOpenSSLThroughCidproxy(t *testing.T) {
 		}
 	})
 
-	// s_client resends its ClientHello until cidproxy's socket is up.
+	// s_client resends a ClientHello that got no answer, but gives up on
+	// one refused by ICMP (write:errno=111): start it once the socket is up.
+	require.Eventually(t, func() bool { return strings.Contains(proxyLogs.String(), "service started") },
+		10*time.Second, 10*time.Millisecond, "cidproxy did not start")
 	assert.Equal(t, "0|hello via cidproxy", sClient(t, ctx, openssl, listen, "hello via cidproxy"))
 	ss := srv.Sessions()
 	require.Len(t, ss, 1)

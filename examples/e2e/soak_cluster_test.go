@@ -244,16 +244,16 @@ func (cl *soakCluster) startReplica(i int, listen netip.AddrPort) {
 		listen = netip.MustParseAddrPort("127.0.0.1:0")
 	}
 	svcs := []cidroute.Service{{Name: "dtls", Listen: listen, Workers: 2, Limits: o.Limits, RecvBuffer: o.RecvBuffer, SendBuffer: o.RecvBuffer,
-		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Service: soakPublic, Backends: r.reg}}}
+		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, PublicAddr: soakPublic, Backends: r.reg}}}
 	if o.QUIC {
 		r.qreg = soakStatic(t, "quic", cl.quicList)
 		svcs = append(svcs, cidroute.Service{Name: "quic", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 2, Limits: o.QUICLimits, RecvBuffer: o.RecvBuffer, SendBuffer: o.RecvBuffer,
-			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, Service: soakQUICPublic, Backends: r.qreg}})
+			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, PublicAddr: soakQUICPublic, Backends: r.qreg}})
 	}
 	if o.Rogue {
 		r.vreg = soakStatic(t, "vip", []registry.Backend{{Ordinal: 0, Addr: cl.rogue.LocalAddr().(*net.UDPAddr).AddrPort()}})
 		svcs = append(svcs, cidroute.Service{Name: "vip", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
-			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Service: soakVIP, Backends: r.vreg}})
+			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, PublicAddr: soakVIP, Backends: r.vreg}})
 	}
 	var p *cidroute.Pipeline
 	for range 40 { // a restart on the same port: wait for it to be free
@@ -351,7 +351,8 @@ func (cl *soakCluster) proxyDrops() uint64 {
 			}
 		}
 		for _, svc := range []string{"dtls", "quic", "vip"} {
-			for _, u := range r.pipe.UpstreamAddrs(svc) {
+			ups, _ := r.pipe.UpstreamAddrs(svc)
+			for _, u := range ups {
 				ports[u.Port()] = true
 			}
 		}

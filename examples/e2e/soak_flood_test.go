@@ -243,7 +243,8 @@ func soakReply(t *testing.T, cmd ppv2.Command, src, dst netip.AddrPort) []byte {
 func soakUpstreams(rs []*soakReplica, service string) []netip.AddrPort {
 	var out []netip.AddrPort
 	for _, r := range rs {
-		for _, u := range r.pipe.UpstreamAddrs(service) {
+		ups, _ := r.pipe.UpstreamAddrs(service)
+		for _, u := range ups {
 			out = append(out, netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), u.Port()))
 		}
 	}

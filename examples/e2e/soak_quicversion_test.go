@@ -33,7 +33,7 @@ func TestSoakUnknownVersionIsHandshake(t *testing.T) {
 	p, err := cidroute.New(cidroute.Config{Logger: soakQuiet(), Services: []cidroute.Service{{
 		Name: "quic", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
 		Limits:       cidroute.Limits{HandshakePPS: hsPPS},
-		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, Service: soakQUICPublic, Backends: reg},
+		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, PublicAddr: soakQUICPublic, Backends: reg},
 	}}})
 	require.NoError(t, err)
 	done := make(chan error, 1)

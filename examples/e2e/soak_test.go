@@ -13,7 +13,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"flag"
 	"fmt"
 	"net"
@@ -652,10 +651,11 @@ func soakRebindingStorm(t *testing.T, sc soakScale) soakRow {
 
 // soakCIDRecord is a tls12_cid application-data record carrying cid.
 func soakCIDRecord(cid []byte, seq uint64, payload []byte) []byte {
-	b := []byte{25, 0xfe, 0xfd, 0, 1, byte(seq >> 40), byte(seq >> 32), byte(seq >> 24), byte(seq >> 16), byte(seq >> 8), byte(seq)}
-	b = append(b, cid...)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(payload)))
-	return append(b, payload...)
+	b, err := dtls.AppendRecord(nil, dtls.Record{Type: dtls.TLS12CID, Epoch: 1, Seq: seq & (1<<48 - 1), CID: cid, Fragment: payload})
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 // soakCaptureHello returns the first datagram of a real pion/dtls v3

@@ -21,7 +21,7 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
-	"github.com/cidroute/cidroute/ppv2"
+	"github.com/cidroute/cidroute/internal/testecho"
 	"github.com/cidroute/cidroute/registry"
 	"github.com/cidroute/cidroute/udpio"
 )
@@ -87,8 +87,8 @@ func benchTransparentMode(b *testing.B, transparent bool) {
 	require.NoError(b, reg.Update(backends))
 	p, err := cidroute.New(cidroute.Config{
 		Services: []cidroute.Service{{Name: "bench", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
-			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg},
-			RecvBuffer:   4 << 20, SendBuffer: 4 << 20, Transparent: transparent}},
+			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg, Transparent: transparent},
+			RecvBuffer:   4 << 20, SendBuffer: 4 << 20}},
 		Logger: quiet(),
 	})
 	require.NoError(b, err)
@@ -234,46 +234,7 @@ func transparentRaiseNoFile(b *testing.B, want uint64) {
 // PPv2 mode it answers behind the reverse header (source = service,
 // destination = client); otherwise it echoes the datagram as it is.
 func startTransparentBenchEcho(b *testing.B, pp bool) netip.AddrPort {
-	g, err := udpio.ListenGroup("udp4", "127.0.0.1:0", 1, udpio.ListenConfig{RecvBuffer: 4 << 20, SendBuffer: 4 << 20})
-	require.NoError(b, err)
-	c := g[0]
-	io, err := udpio.NewConn(c, benchBatch)
-	require.NoError(b, err)
-	in, out := make([]udpio.Message, benchBatch), make([]udpio.Message, benchBatch)
-	for i := range in {
-		in[i].Buf = make([]byte, 2048)
-		out[i].Prefix = make([]byte, 0, ppv2.HeaderLen6)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			n, err := io.ReadBatch(in)
-			if err != nil {
-				return
-			}
-			k := 0
-			for _, m := range in[:n] {
-				o := &out[k]
-				o.Addr, o.Buf, o.Prefix = m.Addr, m.Buf[:m.N], o.Prefix[:0]
-				if pp {
-					h, off, err := ppv2.Parse(o.Buf)
-					if err != nil {
-						continue
-					}
-					if o.Prefix, err = ppv2.AppendHeader(o.Prefix, ppv2.Header{Command: ppv2.Proxy, Src: h.Dst, Dst: h.Src}); err != nil {
-						continue
-					}
-					o.Buf = o.Buf[off:]
-				}
-				k++
-			}
-			if _, err := io.WriteBatch(out[:k]); err != nil {
-				return
-			}
-		}
-	})
-	b.Cleanup(func() { c.Close(); wg.Wait() })
-	return c.LocalAddr().(*net.UDPAddr).AddrPort()
+	return testecho.Start(b, testecho.Config{PPv2: pp, Batch: benchBatch, Buffer: 4 << 20}).Addr()
 }
 
 // transparentLoad is benchClients client addresses spread over
@@ -304,11 +265,11 @@ func newTransparentLoad(b *testing.B, proxy netip.AddrPort) *transparentLoad {
 		// An established-session record: tls12_cid naming backend i%2.
 		cid, err := codec.AppendCID(nil, uint8(i%2))
 		require.NoError(b, err)
-		rec := []byte{byte(dtls.TLS12CID), 0xfe, 0xfd, 0, 1, 0, 0, 0, 0, 0, 1}
-		rec = append(rec, cid...)
-		rec = binary.BigEndian.AppendUint16(rec, uint16(benchSize-len(rec)-2))
-		rec = binary.BigEndian.AppendUint32(rec, uint32(i))
-		ld.tmpl = append(ld.tmpl, append(rec, make([]byte, benchSize-len(rec))...))
+		payload := binary.BigEndian.AppendUint32(make([]byte, 0, benchSize), uint32(i))
+		payload = payload[:benchSize-dtls.HeaderLen-len(cid)]
+		rec, err := dtls.AppendRecord(nil, dtls.Record{Type: dtls.TLS12CID, Epoch: 1, Seq: 1, CID: cid, Fragment: payload})
+		require.NoError(b, err)
+		ld.tmpl = append(ld.tmpl, rec)
 	}
 	for range benchSockets {
 		g, err := udpio.ListenGroup("udp4", "0.0.0.0:0", 1, udpio.ListenConfig{RecvBuffer: 4 << 20, SendBuffer: 4 << 20})

@@ -27,8 +27,8 @@ const transparentWait = 15 * time.Second
 // balance when the test ends.
 func startTransparent(t *testing.T, n int, svc netip.AddrPort, bs []registry.Backend) []*replica {
 	t.Helper()
-	return startServiceReplicas(t, n, bs, cidroute.Service{Transparent: true,
-		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Service: svc}})
+	return startServiceReplicas(t, n, bs, cidroute.Service{
+		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, PublicAddr: svc, Transparent: true}})
 }
 
 // sessions returns the replica's transparent session count.

@@ -19,7 +19,7 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
-	"github.com/cidroute/cidroute/examples/internal/ppecho"
+	"github.com/cidroute/cidroute/internal/testecho"
 	"github.com/cidroute/cidroute/registry"
 	"github.com/cidroute/cidroute/udpio"
 )
@@ -35,9 +35,10 @@ func transparentRecord(t testing.TB, ordinal uint8, size int) []byte {
 	t.Helper()
 	cid, err := dtls.OrdinalFirst{}.AppendCID(nil, ordinal)
 	require.NoError(t, err)
-	rec := append([]byte{byte(dtls.TLS12CID), 0xfe, 0xfd, 0, 1, 0, 0, 0, 0, 0, 1}, cid...)
-	rec = binary.BigEndian.AppendUint16(rec, uint16(size-len(rec)-2))
-	return append(rec, make([]byte, size-len(rec))...)
+	rec, err := dtls.AppendRecord(nil, dtls.Record{Type: dtls.TLS12CID, Epoch: 1, Seq: 1, CID: cid,
+		Fragment: make([]byte, size-dtls.HeaderLen-len(cid))})
+	require.NoError(t, err)
+	return rec
 }
 
 // transparentEcho is a plain UDP echo backend (no PPv2) that remembers the
@@ -101,7 +102,7 @@ func runTransparentPipeline(t *testing.T, mod func(*cidroute.Service), backends 
 	t.Cleanup(reg.Close)
 	require.NoError(t, reg.Update(transparentBackends(backends...)))
 	sc := cidroute.Service{Name: "svc", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
-		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg}, Transparent: true}
+		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg, Transparent: true}}
 	if mod != nil {
 		mod(&sc)
 	}
@@ -348,10 +349,7 @@ func TestTransparentLargeReply(t *testing.T) {
 			if transparent {
 				backend = startTransparentEcho(t).addr()
 			} else {
-				b, err := ppecho.Listen(ppecho.Config{})
-				require.NoError(t, err)
-				t.Cleanup(func() { b.Close() })
-				backend = b.Addr()
+				backend = testecho.PPv2(t)
 			}
 			p := startTransparentPipeline(t, func(s *cidroute.Service) { s.Transparent = transparent }, backend)
 			to, _ := p.Addr("svc")

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/cidroute/cidroute/dtls"
-	"github.com/cidroute/cidroute/examples/internal/dtlsrec"
 	"github.com/cidroute/cidroute/quic"
 )
 
@@ -143,9 +142,10 @@ func (c shapeConfig) template(s shape, ordinal uint8) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		return dtlsrec.AppendCIDRecord(make([]byte, 0, c.size), 1, cid, body), nil
+		return dtls.AppendRecord(make([]byte, 0, c.size), dtls.Record{Type: dtls.TLS12CID, Epoch: 1, Seq: 1, CID: cid, Fragment: body})
 	case dtlsHello:
-		return dtlsrec.AppendClientHello(make([]byte, 0, c.size), 0, body), nil
+		return dtls.AppendRecord(make([]byte, 0, c.size), dtls.Record{Type: dtls.Handshake,
+			Fragment: dtls.AppendHandshake(nil, dtls.HandshakeClientHello, 0, body)})
 	default:
 		// Short header: form 0, fixed bit 1, packet number length 2.
 		b := append(make([]byte, 0, c.size), 0x41)

@@ -1,4 +1,5 @@
-// Package addr reads a netip.Addr's 16-byte form as two words.
+// Package addr reads a netip.Addr's 16-byte form as two words, and unmaps
+// addresses, for the core packages.
 //
 // As16 returns an array, and copying that array out of the inlined call
 // reloads its two 8-byte stores as one 16-byte load, which defeats store
@@ -8,44 +9,21 @@
 // confirmed that the layout is the one expected; otherwise it falls back to
 // As16. Either way the result is As16's, which the tests hold it to on every
 // architecture CI runs.
+//
+// The direct read is one of the tricks issue 18 measures end to end: the
+// purego build tag (xxhash's convention) compiles the portable As16 path
+// only, with no unsafe, and CI runs the tests both ways.
 package addr
 
 import (
 	"encoding/binary"
 	"net/netip"
-	"unsafe"
 )
 
-// direct reports that a netip.Addr starts with its address as two uint64s,
-// high word first, as in Go 1.18 through at least 1.26.
-var direct = layoutOK()
-
-// Words returns a's 16-byte form (As16: IPv4 as IPv4-mapped IPv6, zone
-// dropped, the zero Addr as zeros) as two big-endian words.
-func Words(a netip.Addr) (hi, lo uint64) {
-	if direct {
-		w := (*[2]uint64)(unsafe.Pointer(&a))
-		return w[0], w[1]
-	}
-	return slow(a)
-}
-
+// slow is Words by As16, the portable path.
 func slow(a netip.Addr) (hi, lo uint64) {
 	b := a.As16()
 	return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
-}
-
-func layoutOK() bool {
-	if unsafe.Sizeof(netip.Addr{}) < 16 || unsafe.Alignof(netip.Addr{}) < unsafe.Alignof(uint64(0)) {
-		return false
-	}
-	for _, a := range probes() {
-		w := (*[2]uint64)(unsafe.Pointer(&a))
-		if hi, lo := slow(a); w[0] != hi || w[1] != lo {
-			return false
-		}
-	}
-	return true
 }
 
 // probes are addresses whose words differ in every byte between them.
@@ -58,4 +36,13 @@ func probes() []netip.Addr {
 		netip.AddrFrom16([16]byte{0xfe, 0x80, 15: 1}).WithZone("eth0"),
 		netip.AddrFrom16([16]byte{10: 0xff, 11: 0xff, 12: 10, 15: 1}),
 	}
+}
+
+// Unmap returns a with an IPv4-mapped IPv6 address in its IPv4 form, the
+// form sockets (udpio), the registry and PPv2 decoding report.
+func Unmap(a netip.AddrPort) netip.AddrPort {
+	if a.Addr().Is4In6() {
+		return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+	}
+	return a
 }

@@ -9,7 +9,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/internal/addr"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/quic"
 	"github.com/cidroute/cidroute/udpio"
@@ -38,17 +40,19 @@ var (
 	errNoService     = fmt.Errorf("backend: proxied address without a service address: %w", ErrAddress)
 )
 
-// Protocol names the protocol spoken over the socket. It is only needed by
-// DirectNoHandshake, which must recognise the first datagram of a session.
-type Protocol uint8
+// Protocol names the protocol spoken over the socket: the proxy's own
+// cidroute.Protocol, whose zero value (AnyProtocol here) means the adapter
+// does not look into payloads. It is only needed by DirectNoHandshake,
+// which must recognise the datagrams that start a session.
+type Protocol = cidroute.Protocol
 
 const (
 	// AnyProtocol: the adapter does not look into payloads.
-	AnyProtocol Protocol = iota
+	AnyProtocol Protocol = 0
 	// DTLS 1.2 (a direct ClientHello starts a session).
-	DTLS
+	DTLS = cidroute.DTLS
 	// QUIC v1/v2 (a direct Initial or 0-RTT packet starts a session).
-	QUIC
+	QUIC = cidroute.QUIC
 )
 
 // DirectPolicy says what happens to a datagram without the PPv2 signature
@@ -60,13 +64,46 @@ const (
 	// This lets PPv2 be enabled on the backends before the proxies.
 	DirectAccept DirectPolicy = iota
 	// DirectNoHandshake drops direct datagrams that would start a session
-	// (DTLS ClientHello; QUIC Initial or 0-RTT) and delivers the rest, so
-	// that no new client bypasses the proxy tier while sessions that
-	// started directly before the switch run on. Needs Config.Protocol.
+	// (a DTLS ClientHello, a QUIC Initial or 0-RTT packet, anywhere in the
+	// datagram: Protocol.StartsSession, the definition the proxy's
+	// admission limits use) and delivers the rest, so that no new client
+	// bypasses the proxy tier while sessions that started directly before
+	// the switch run on. Needs Config.Protocol.
 	DirectNoHandshake
 	// DirectDrop drops every datagram without the signature.
 	DirectDrop
 )
+
+var directNames = [...]string{DirectAccept: "accept", DirectNoHandshake: "no-handshake", DirectDrop: "drop"}
+
+// String returns the policy's name: "accept", "no-handshake" or "drop".
+func (d DirectPolicy) String() string {
+	if int(d) < len(directNames) {
+		return directNames[d]
+	}
+	return fmt.Sprintf("DirectPolicy(%d)", uint8(d))
+}
+
+// MarshalText implements encoding.TextMarshaler with String's names.
+func (d DirectPolicy) MarshalText() ([]byte, error) {
+	if int(d) >= len(directNames) {
+		return nil, fmt.Errorf("backend: direct policy %d: %w", uint8(d), ErrConfig)
+	}
+	return []byte(directNames[d]), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler: "accept",
+// "no-handshake" or "drop" (so a DirectPolicy works with flag.TextVar and
+// encoding/json).
+func (d *DirectPolicy) UnmarshalText(b []byte) error {
+	for i, n := range directNames {
+		if string(b) == n {
+			*d = DirectPolicy(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("backend: direct policy %q: want accept, no-handshake or drop: %w", b, ErrConfig)
+}
 
 // Config configures a Conn. The zero value accepts PPv2 from nobody and
 // every direct datagram, i.e. behaves like the plain socket.
@@ -127,12 +164,7 @@ func (cfg *Config) setDefaults() error {
 		cfg.MaxDatagram = defaultMaxDatagram
 	}
 	if cfg.CIDLen == 0 {
-		switch cfg.Protocol {
-		case DTLS:
-			cfg.CIDLen = 8
-		case QUIC:
-			cfg.CIDLen = 12
-		}
+		cfg.CIDLen = cfg.Protocol.DefaultCIDLen()
 	}
 	switch {
 	case cfg.MaxRoutes < 1, cfg.RouteIdle < 0, cfg.Batch < 1 || cfg.Batch > 1024,
@@ -312,7 +344,7 @@ func (c *Conn) inspect(b []byte, from netip.AddrPort) (a Addr, off int, ok bool)
 		c.st.droppedDirect.Add(1)
 		return Addr{}, 0, false
 	case DirectNoHandshake:
-		if c.startsSession(b) {
+		if c.cfg.Protocol.StartsSession(b, c.cfg.CIDLen) {
 			c.st.droppedDirectHandshake.Add(1)
 			return Addr{}, 0, false
 		}
@@ -334,30 +366,6 @@ func (c *Conn) isTrusted(ip netip.Addr) bool {
 		if p.Contains(ip) {
 			return true
 		}
-	}
-	return false
-}
-
-// startsSession reports whether a direct payload opens a new session.
-// Malformed payloads do not: the protocol stack drops them anyway, and
-// they cannot start a session.
-func (c *Conn) startsSession(b []byte) bool {
-	switch c.cfg.Protocol {
-	case DTLS:
-		cl, err := dtls.Classify(b, c.cfg.CIDLen)
-		return err == nil && cl.ClientHello
-	case QUIC:
-		if len(b) == 0 || !quic.IsLong(b[0]) {
-			return false
-		}
-		cl, err := quic.Classify(b, c.cfg.CIDLen)
-		if err != nil {
-			// An Initial too short or otherwise off is still an attempt
-			// to start a session when the header says Initial/0-RTT.
-			h, herr := quic.ParseHeader(b, c.cfg.CIDLen)
-			return herr == nil && (h.Type == quic.Initial || h.Type == quic.ZeroRTT)
-		}
-		return cl.Kind == quic.KindNew
 	}
 	return false
 }
@@ -436,7 +444,7 @@ func (c *Conn) WriteToAddr(p []byte, a Addr) (int, error) {
 }
 
 func (c *Conn) writeRoute(p []byte, client netip.AddrPort) (int, error) {
-	a, ok := c.routes.lookupClient(unmapAP(client), c.now())
+	a, ok := c.routes.lookupClient(addr.Unmap(client), c.now())
 	if !ok {
 		c.st.writeNoRoute.Add(1)
 		return 0, errNoRouteClient
@@ -516,7 +524,7 @@ func (c *Conn) Commit(a Addr, cid []byte) {
 
 // Route returns the live route committed for client.
 func (c *Conn) Route(client netip.AddrPort) (Addr, bool) {
-	return c.routes.lookupClient(unmapAP(client), c.now())
+	return c.routes.lookupClient(addr.Unmap(client), c.now())
 }
 
 // RouteCID returns the live route committed for connection ID cid.
@@ -527,7 +535,7 @@ func (c *Conn) RouteCID(cid []byte) (Addr, bool) {
 // Forget removes the routes of client and of cid (either may be zero/nil),
 // for a session that ended.
 func (c *Conn) Forget(client netip.AddrPort, cid []byte) {
-	c.routes.forget(unmapAP(client), cid)
+	c.routes.forget(addr.Unmap(client), cid)
 }
 
 // Close closes the socket. Blocked reads return an error wrapping
@@ -553,10 +561,3 @@ func (c *Conn) SetWriteBuffer(bytes int) error { return c.udp.SetWriteBuffer(byt
 // check the buffer sizes it set and set the don't-fragment bit. Reading or
 // writing through it bypasses the adapter.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.udp.SyscallConn() }
-
-func unmapAP(a netip.AddrPort) netip.AddrPort {
-	if a.Addr().Is4In6() {
-		return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
-	}
-	return a
-}

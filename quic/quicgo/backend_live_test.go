@@ -118,7 +118,7 @@ func startQUICServer(t *testing.T, ord uint8, tc *tls.Config) *quicServer {
 
 func startQUICProxy(t *testing.T, bs []registry.Backend) netip.AddrPort {
 	t.Helper()
-	_, addr := testproxy.Start(t, 7, bs, cidroute.Service{Name: "q", RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, Service: quicPublic}})
+	_, addr := testproxy.Start(t, 7, bs, cidroute.Service{Name: "q", RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, PublicAddr: quicPublic}})
 	return addr
 }
 

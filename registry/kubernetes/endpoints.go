@@ -157,10 +157,10 @@ func (m mapper) port(s *discoveryv1.EndpointSlice) (uint16, error) {
 func endpointBackend(ep discoveryv1.Endpoint, port uint16) (uint8, netip.AddrPort, error) {
 	ord, ok := uint8(0), false
 	if ep.Hostname != nil {
-		ord, ok = parseOrdinal(*ep.Hostname)
+		ord, ok = registry.OrdinalFromHostname(*ep.Hostname)
 	}
 	if !ok && ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
-		ord, ok = parseOrdinal(ep.TargetRef.Name)
+		ord, ok = registry.OrdinalFromHostname(ep.TargetRef.Name)
 	}
 	if !ok {
 		return 0, netip.AddrPort{}, errNoOrdinal
@@ -195,32 +195,6 @@ func endpointState(c discoveryv1.EndpointConditions) registry.State {
 	default:
 		return registry.Gone
 	}
-}
-
-// parseOrdinal returns the StatefulSet ordinal at the end of a pod name or
-// hostname: "ds-2" → 2. The suffix after the last '-' must be a decimal
-// number 0–254 without leading zeros (StatefulSets never write them, and
-// "ds-02" next to "ds-2" would be two pods claiming one ordinal).
-func parseOrdinal(name string) (uint8, bool) {
-	i := strings.LastIndexByte(name, '-')
-	if i < 0 {
-		return 0, false
-	}
-	s := name[i+1:]
-	if len(s) == 0 || len(s) > 3 || (len(s) > 1 && s[0] == '0') {
-		return 0, false
-	}
-	n := 0
-	for _, c := range []byte(s) {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + int(c-'0')
-	}
-	if n > registry.MaxOrdinal {
-		return 0, false
-	}
-	return uint8(n), true
 }
 
 // endpointName names an endpoint in logs: its pod, else its first address.

@@ -72,26 +72,6 @@ func be(ord uint8, addr string, st registry.State) registry.Backend {
 	return registry.Backend{Ordinal: ord, Addr: netip.MustParseAddrPort(addr), State: st}
 }
 
-func TestParseOrdinal(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want int // -1: no ordinal
-	}{
-		{"ds-0", 0}, {"ds-2", 2}, {"my-dtls-backend-17", 17}, {"ds-254", 254},
-		{"ds-255", -1}, {"ds-999", -1}, {"ds-1000", -1}, {"ds-02", -1}, {"ds-00", -1},
-		{"ds-", -1}, {"ds", -1}, {"", -1}, {"ds-2a", -1}, {"ds-a2", -1}, {"ds--1", 1},
-		{"ds-+1", -1}, {"ds- 1", -1}, {"-7", 7}, {"ds-١", -1},
-	} {
-		got, ok := parseOrdinal(tc.in)
-		if tc.want < 0 {
-			require.False(t, ok, "%q gave %d", tc.in, got)
-			continue
-		}
-		require.True(t, ok, tc.in)
-		require.Equal(t, uint8(tc.want), got, tc.in)
-	}
-}
-
 func TestEndpointState(t *testing.T) {
 	tr, f := true, false
 	for _, tc := range []struct {

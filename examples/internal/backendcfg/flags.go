@@ -40,17 +40,11 @@ func ParsePrefixes(s string) ([]netip.Prefix, error) {
 }
 
 // ParseDirect parses the direct-datagram policy: "accept", "no-handshake"
-// or "drop".
+// or "drop" (backend.DirectPolicy's text form).
 func ParseDirect(s string) (backend.DirectPolicy, error) {
-	switch s {
-	case "accept":
-		return backend.DirectAccept, nil
-	case "no-handshake":
-		return backend.DirectNoHandshake, nil
-	case "drop":
-		return backend.DirectDrop, nil
-	}
-	return 0, fmt.Errorf("direct policy %q: want accept, no-handshake or drop", s)
+	var d backend.DirectPolicy
+	err := d.UnmarshalText([]byte(s))
+	return d, err
 }
 
 // Logger returns a text logger on w at level ("debug", "info", "warn",

@@ -116,6 +116,9 @@ func Listen(cfg Config) (*Server, error) {
 	codec := cfg.Codec
 	switch {
 	case codec == nil:
+		if cfg.CIDLen == 0 {
+			cfg.CIDLen = dtls.OrdinalFirstDefaultLen
+		}
 		codec = dtls.OrdinalFirst{Length: cfg.CIDLen}
 	case cfg.CIDLen != 0 && cfg.CIDLen != codec.Len():
 		return nil, fmt.Errorf("dtlsecho: CIDLen %d but codec length %d", cfg.CIDLen, codec.Len())

@@ -1,7 +1,6 @@
 package proxyapp
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -11,15 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cidroute/cidroute/dtls"
-	"github.com/cidroute/cidroute/examples/internal/dtlsrec"
-	"github.com/cidroute/cidroute/examples/internal/ppecho"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute/internal/testecho"
@@ -37,12 +33,10 @@ func TestBinary(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 
-	var backends []*ppecho.Backend
+	var backends []*testecho.Echo
 	var list []string
 	for ord := range 3 {
-		b, err := ppecho.Listen(ppecho.Config{})
-		require.NoError(t, err)
-		t.Cleanup(func() { b.Close() })
+		b := testecho.Start(t, testecho.Config{PPv2: true})
 		backends = append(backends, b)
 		state := "ready"
 		if ord == 2 {
@@ -135,17 +129,17 @@ func TestBinary(t *testing.T) {
 		echoed++
 	}
 	for i := range rounds {
-		exchange(dtlsrec.AppendClientHello(nil, uint64(i), []byte("hello")), true)
+		exchange(helloRecord(uint64(i), []byte("hello")), true)
 		for ord := range uint8(3) {
 			cid, err := cidCodec.AppendCID(nil, ord)
 			require.NoError(t, err)
-			exchange(dtlsrec.AppendCIDRecord(nil, uint64(i), cid, []byte("data")), true)
+			exchange(cidRecord(uint64(i), cid, []byte("data")), true)
 		}
 	}
 	// Drops: garbage (malformed) and a CID naming no backend.
 	exchange([]byte("not dtls"), false)
 	unknown, _ := cidCodec.AppendCID(nil, 7)
-	exchange(dtlsrec.AppendCIDRecord(nil, 0, unknown, []byte("x")), false)
+	exchange(cidRecord(0, unknown, []byte("x")), false)
 	require.Equal(t, 4*rounds, echoed)
 
 	// Backends: each CID went to its ordinal; the draining one got no
@@ -191,7 +185,7 @@ func TestBinary(t *testing.T) {
 	for i := range plainClients {
 		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
 		require.NoError(t, err)
-		msg := dtlsrec.AppendClientHello(nil, uint64(i), []byte("plain"))
+		msg := helloRecord(uint64(i), []byte("plain"))
 		_, err = c.WriteToUDPAddrPort(msg, plain)
 		require.NoError(t, err)
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -245,23 +239,11 @@ func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
 }
 
 // parseMetrics reads the Prometheus text format into "name{labels}" →
-// value, labels as the exposition writes them (sorted by name).
+// value (testtool.ParseMetrics), failing the test on a bad line.
 func parseMetrics(t *testing.T, r io.Reader) map[string]float64 {
 	t.Helper()
-	m := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		require.Positive(t, i, line)
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		require.NoError(t, err, line)
-		m[line[:i]] = v
-	}
-	require.NoError(t, sc.Err())
+	m, err := testtool.ParseMetrics(r)
+	require.NoError(t, err)
 	return m
 }
 

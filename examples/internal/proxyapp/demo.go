@@ -18,9 +18,9 @@ import (
 	pion "github.com/pion/dtls/v3"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/dtls/piondtls"
 	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
-	"github.com/cidroute/cidroute/examples/internal/dtlsrec"
 	"github.com/cidroute/cidroute/examples/internal/rebind"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
@@ -122,7 +122,8 @@ func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Durati
 		a, _ := r.pipe.Addr(demoService)
 		addrs = append(addrs, a)
 		tr.mu.Lock()
-		for _, up := range r.pipe.UpstreamAddrs(demoService) {
+		ups, _ := r.pipe.UpstreamAddrs(demoService)
+		for _, up := range ups {
 			tr.replicaOfPort[up.Port()] = i
 		}
 		tr.mu.Unlock()
@@ -155,12 +156,19 @@ func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Durati
 // replicasAgree runs the pure routing step of both replicas on the same
 // ClientHello from many client addresses and counts identical choices.
 func replicasAgree(rs []*proxy) (agree, total int) {
-	hello := dtlsrec.AppendClientHello(nil, 0, []byte("agree"))
+	hello, err := dtls.AppendRecord(nil, dtls.Record{Type: dtls.Handshake,
+		Fragment: dtls.AppendHandshake(nil, dtls.HandshakeClientHello, 0, []byte("agree"))})
+	if err != nil {
+		panic(err) // a fixed, valid record
+	}
 	var hdr [64]byte
+	r0, _ := rs[0].pipe.Router(demoService)
+	r1, _ := rs[1].pipe.Router(demoService)
+	v0, v1 := r0.View(nil), r1.View(nil)
 	for i := range 1000 {
 		client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 7}), uint16(40000+i))
-		d0, _ := rs[0].pipe.Router(demoService).Route(hdr[:0], hello, client)
-		d1, _ := rs[1].pipe.Router(demoService).Route(hdr[:0], hello, client)
+		d0, _ := r0.Forward(hdr[:0], hello, client, netip.Addr{}, &v0)
+		d1, _ := r1.Forward(hdr[:0], hello, client, netip.Addr{}, &v1)
 		total++
 		if d0.Reason == cidroute.Forwarded && d1.Reason == d0.Reason && d1.Backend == d0.Backend {
 			agree++

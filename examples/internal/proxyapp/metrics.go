@@ -42,28 +42,17 @@ var (
 		"Backend lists the registry rejected (invalid, duplicate ordinals or addresses).",
 		[]string{"service"}, nil)
 	descSessions = prometheus.NewDesc("cidroute_sessions",
-		"Transparent-mode sessions (one upstream socket per client address); always 0 with PROXY protocol.",
+		"Transparent-mode sessions (one upstream socket per flow: client address and backend); always 0 with PROXY protocol.",
 		[]string{"service"}, nil)
 	descVersion = prometheus.NewDesc("cidroute_registry_snapshot_version",
 		"Version of the current registry snapshot; it grows by one with each accepted update.",
 		[]string{"service"}, nil)
 )
 
-// The drop reasons each direction can produce are exported from the start,
-// at 0, so that rate() and alerts see them before the first drop; any other
-// reason appears once it counts something.
-var forwardReasons, reverseReasons [cidroute.NumReasons]bool
-
-func init() {
-	for _, r := range []cidroute.Reason{cidroute.Malformed, cidroute.UnknownOrdinal, cidroute.NotServing,
-		cidroute.NoReadyBackend, cidroute.StaleRegistry, cidroute.RateLimited, cidroute.SendError, cidroute.SessionLimit} {
-		forwardReasons[r] = true
-	}
-	for _, r := range []cidroute.Reason{cidroute.UntrustedSender, cidroute.Malformed, cidroute.BadProxyHeader,
-		cidroute.BadDestination, cidroute.SendError} {
-		reverseReasons[r] = true
-	}
-}
+// The drop reasons each direction can produce (cidroute.ForwardDrops and
+// ReverseDrops) are exported from the start, at 0, so that rate() and
+// alerts see them before the first drop; any other reason appears once it
+// counts something.
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descBackends, descAge, descStale, descRejected, descVersion, descSessions} {
@@ -77,12 +66,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		for _, d := range []struct {
 			name    string
 			c       *cidroute.Counters
-			reasons *[cidroute.NumReasons]bool
-		}{{"forward", &s.Forward, &forwardReasons}, {"reverse", &s.Reverse, &reverseReasons}} {
+			reasons cidroute.ReasonSet
+		}{{"forward", &s.Forward, cidroute.ForwardDrops}, {"reverse", &s.Reverse, cidroute.ReverseDrops}} {
 			ch <- prometheus.MustNewConstMetric(descReceived, prometheus.CounterValue, float64(d.c.Received), s.Name, d.name)
 			ch <- prometheus.MustNewConstMetric(descDatagrams, prometheus.CounterValue, float64(d.c.Forwarded), s.Name, d.name, "forwarded", "")
 			for r := cidroute.Reason(1); r < cidroute.NumReasons; r++ {
-				if n := d.c.Dropped[r]; n > 0 || d.reasons[r] {
+				if n := d.c.Dropped[r]; n > 0 || d.reasons.Has(r) {
 					ch <- prometheus.MustNewConstMetric(descDatagrams, prometheus.CounterValue, float64(n), s.Name, d.name, "dropped", r.String())
 				}
 			}

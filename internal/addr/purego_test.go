@@ -1,0 +1,5 @@
+//go:build purego
+
+package addr
+
+const purego = true

@@ -1,0 +1,109 @@
+package cidroute
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/internal/testtool"
+)
+
+func TestOwnAddrs(t *testing.T) {
+	ap := netip.MustParseAddrPort
+	o := NewOwnAddrs([]netip.AddrPort{ap("127.0.0.1:5684"), ap("0.0.0.0:40000"), ap("[::]:40001"), ap("192.0.2.7:6000")},
+		[]netip.Addr{netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("2001:db8::7"), netip.MustParseAddr("192.0.2.255")})
+	for _, tc := range []struct {
+		a    string
+		want bool
+	}{
+		{"127.0.0.1:5684", true},
+		{"127.0.0.2:5684", false}, // bound to one address only
+		{"127.0.0.1:5685", false},
+		{"192.0.2.7:6000", true},
+		{"[::ffff:192.0.2.7]:6000", true}, // mapped form
+		{"192.0.2.8:6000", false},
+		{"127.0.0.1:40000", true}, // wildcard: loopback
+		{"127.9.9.9:40000", true},
+		{"0.0.0.0:40000", true},
+		{"192.0.2.7:40000", true},   // wildcard: a host address
+		{"192.0.2.255:40000", true}, // its subnet's broadcast
+		{"[2001:db8::7]:40001", true},
+		{"[::1]:40001", true},
+		{"[fe80::1%eth0]:40000", false},
+		{"198.51.100.1:40000", false}, // not the host's
+		{"198.51.100.1:5684", false},
+	} {
+		assert.Equal(t, tc.want, o.Contains(ap(tc.a)), tc.a)
+	}
+	var none *OwnAddrs
+	assert.False(t, none.Contains(ap("127.0.0.1:5684")))
+	assert.True(t, none.IsHost(netip.MustParseAddr("127.0.0.1")))
+	if n := testing.AllocsPerRun(100, func() { o.Contains(ap("192.0.2.7:40000")); o.Contains(ap("198.51.100.1:1")) }); n != 0 {
+		t.Fatalf("Contains allocates %v", n)
+	}
+}
+
+func TestLocalAddrs(t *testing.T) {
+	addrs, err := LocalAddrs()
+	require.NoError(t, err)
+	assert.Contains(t, addrs, netip.MustParseAddr("127.0.0.1"))
+}
+
+// hostEnv marks the child process TestOwnAddrsTrackHost runs in its own
+// network namespace.
+const hostEnv = "CIDROUTE_TEST_OWN_NETNS"
+
+// TestOwnAddrsTrackHost: an address the host gains while a Pipeline with a
+// wildcard listener runs joins the pipeline's own addresses (rtnetlink
+// notification), and leaves it when removed. It runs in a fresh network
+// namespace, where adding an address disturbs nobody.
+func TestOwnAddrsTrackHost(t *testing.T) {
+	if os.Getenv(hostEnv) != "1" {
+		unshare := testtool.Look(t, "util-linux", "unshare")
+		testtool.Look(t, "iproute2", "ip")
+		cmd := exec.Command(unshare, "--net", "--map-root-user", "sh", "-c", `ip link set lo up && exec "$0" "$@"`,
+			os.Args[0], "-test.run=^TestOwnAddrsTrackHost$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), hostEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if !bytes.Contains(out, []byte("=== RUN")) {
+			// As udpio's shaped-loopback test: no namespace here (no
+			// privilege, or a test binary under qemu-user that cannot
+			// be re-executed natively).
+			t.Skipf("cannot create a network namespace (%v): %s", err, out)
+		}
+		t.Logf("in a network namespace:\n%s", out)
+		require.NoError(t, err)
+		require.Contains(t, string(out), "--- PASS: TestOwnAddrsTrackHost")
+		return
+	}
+	reg := newRegistry(t, 1)
+	p, err := New(Config{Logger: quietLog, Services: []Service{{Name: "w", Listen: netip.MustParseAddrPort("0.0.0.0:0"), Workers: 1,
+		RouterConfig: RouterConfig{Protocol: DTLS, PublicAddr: netip.MustParseAddrPort("127.0.0.1:0"), Backends: reg}}}})
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(context.Background()) }()
+	defer func() { require.NoError(t, p.Close()); require.NoError(t, <-errc) }()
+	l, _ := p.Addr("w")
+	gained := netip.AddrPortFrom(netip.MustParseAddr("10.77.0.1"), l.Port())
+	require.False(t, p.OwnAddrs().Contains(gained))
+	time.Sleep(100 * time.Millisecond) // Run has subscribed
+	ip := func(args ...string) {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, out)
+	}
+	start := time.Now()
+	ip("addr", "add", "10.77.0.1/24", "dev", "lo")
+	require.Eventually(t, func() bool { return p.OwnAddrs().Contains(gained) }, time.Second, time.Millisecond,
+		"a new host address joins the set (rtnetlink: well under the %v scan period)", hostScanInterval)
+	t.Logf("new address in the set after %v", time.Since(start))
+	assert.True(t, p.OwnAddrs().Contains(netip.AddrPortFrom(netip.MustParseAddr("10.77.0.255"), l.Port())), "and its subnet's broadcast")
+	ip("addr", "del", "10.77.0.1/24", "dev", "lo")
+	require.Eventually(t, func() bool { return !p.OwnAddrs().Contains(gained) }, time.Second, time.Millisecond)
+}

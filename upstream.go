@@ -1,0 +1,139 @@
+package cidroute
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cidroute/cidroute/udpio"
+)
+
+// sharedUpstream is the PPv2 mode's upstream: one socket per worker sends
+// every datagram, header first, and receives every reply, which names its
+// client in its own header. It keeps no per-client state.
+type sharedUpstream struct {
+	conn          *net.UDPConn
+	io            *udpio.Conn
+	rp            *replies
+	revIn, revOut []udpio.Message
+}
+
+// newSharedUpstream binds the upstream socket: the wildcard address of
+// both families on a kernel-chosen port. It is not bound to the family or
+// interface of today's backends because the registry changes them at run
+// time, to any address of either family, while the socket is bound once;
+// a wildcard socket lets the kernel pick the source address for each
+// backend's route. Anyone can send to it, so a reply counts only when its
+// physical sender is a backend (the reverse rule), and the port is in
+// the process's own addresses, where neither rule sends.
+func newSharedUpstream(rp *replies, lc udpio.ListenConfig, batch, maxDatagram int) (*sharedUpstream, error) {
+	ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
+	if err != nil {
+		return nil, err
+	}
+	u := &sharedUpstream{conn: ups[0], rp: rp,
+		revIn: rxMessages(batch, maxDatagram), revOut: make([]udpio.Message, batch)}
+	if u.io, err = udpio.NewConn(u.conn, batch); err != nil {
+		u.conn.Close()
+		return nil, err
+	}
+	return u, nil
+}
+
+func (u *sharedUpstream) send(out []udpio.Message, _ []Session, c *Counters) error {
+	return send(u.io, out, c)
+}
+
+// serve relays backends' replies to clients until shutdown.
+func (u *sharedUpstream) serve() error {
+	for {
+		n, err := u.io.ReadBatch(u.revIn)
+		if err != nil {
+			return ended(err)
+		}
+		if err := u.rp.relay(u.revIn[:n], u.revOut, Session{}); err != nil {
+			return err
+		}
+	}
+}
+
+func (u *sharedUpstream) wake()  { u.conn.SetReadDeadline(time.Unix(1, 0)) }
+func (u *sharedUpstream) close() { u.conn.Close() }
+
+func (u *sharedUpstream) addrs() []netip.AddrPort {
+	return []netip.AddrPort{u.conn.LocalAddr().(*net.UDPAddr).AddrPort()}
+}
+
+func (u *sharedUpstream) sessions() int { return 0 }
+
+// replies is what both upstreams share to relay replies: the reverse rule
+// and the service socket. It holds no pointer to the worker.
+type replies struct {
+	router *Router
+	own    *atomic.Pointer[OwnAddrs]
+	mu     sync.Mutex  // one writer at a time on out (transparent relays are many)
+	out    *udpio.Conn // the service socket
+	rev    liveCounters
+}
+
+func (rp *replies) view() View {
+	return View{Snapshot: rp.router.backends.Snapshot(), Own: rp.own.Load()}
+}
+
+// relay applies the reverse rule to the received batch in and sends the
+// replies it passes, from the service socket; sess is the session of a
+// transparent socket. It counts the batch once.
+func (rp *replies) relay(in, buf []udpio.Message, sess Session) error {
+	var c Counters
+	v := rp.view()
+	c.Received = uint64(len(in))
+	out := buf[:0]
+	for i := range in {
+		m := &in[i]
+		if m.Err != nil {
+			c.Dropped[Malformed]++ // larger than MaxDatagram
+			continue
+		}
+		rep := rp.router.Reverse(m.Buf[:m.N], m.Addr, sess, &v)
+		if rep.Reason != Forwarded {
+			c.Dropped[rep.Reason]++
+			continue
+		}
+		o := &buf[len(out)]
+		o.Prefix, o.Buf, o.Addr, o.Local = nil, rep.Payload, rep.Client, rep.Local
+		out = out[:len(out)+1]
+	}
+	rp.mu.Lock()
+	err := send(rp.out, out, &c)
+	rp.mu.Unlock()
+	for i := range out {
+		out[i].Buf = nil // do not keep the receive buffer reachable
+	}
+	rp.rev.flush(&c)
+	return err
+}
+
+// send writes a batch and counts each datagram as forwarded or as a send
+// error. A socket-level error is returned; its datagrams are counted as
+// send errors.
+func send(c *udpio.Conn, out []udpio.Message, cnt *Counters) error {
+	if len(out) == 0 {
+		return nil
+	}
+	_, err := c.WriteBatch(out)
+	for i := range out {
+		if out[i].Err != nil {
+			cnt.Dropped[SendError]++
+		} else {
+			cnt.Forwarded++
+		}
+	}
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("send: %w", err)
+	}
+	return nil
+}
