@@ -37,6 +37,10 @@ type Service struct {
 	// RecvBuffer and SendBuffer request socket buffer sizes in bytes (0
 	// keeps the kernel default).
 	RecvBuffer, SendBuffer int
+	// JoinExisting joins the SO_REUSEPORT group another process holds on
+	// Listen (the new process of a restart handover) instead of failing
+	// with udpio.ErrInUse; see udpio.ListenConfig.
+	JoinExisting bool
 
 	// Transparent forwards datagrams without a PPv2 header, for backends
 	// that cannot parse one, at the cost of one upstream socket and one
@@ -154,7 +158,8 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 	}
 	s := &service{cfg: sc, router: r, measured: r.service.Addr().IsUnspecified()}
 	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer,
-		PacketInfo: s.measured && sc.Listen.Addr().IsUnspecified()}
+		PacketInfo: s.measured && sc.Listen.Addr().IsUnspecified(),
+		Joinable: true, JoinExisting: sc.JoinExisting}
 	network := "udp4"
 	if sc.Listen.Addr().Is6() {
 		network = "udp6"
