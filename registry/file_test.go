@@ -414,7 +414,7 @@ func TestFileHungRead(t *testing.T) {
 	go func() { done <- f.Run(ctx, r) }()
 	defer close(release)
 	waitFor(t, func() bool { return r.Stats().Rejections == 2 }) // timed out, then still blocked
-	time.Sleep(50 * time.Millisecond)                             // more polls
+	time.Sleep(50 * time.Millisecond)                            // more polls
 	equal(t, r.Stats().Rejections, uint64(2))
 	equal(t, logs.count(slog.LevelError), 2)
 	equal(t, reads.Load(), int64(1), "one stuck read at a time")
