@@ -157,13 +157,10 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 		return nil, err
 	}
 	s := &service{cfg: sc, router: r, measured: r.service.Addr().IsUnspecified()}
-	lc := udpio.ListenConfig{
-		RecvBuffer:   sc.RecvBuffer,
-		SendBuffer:   sc.SendBuffer,
-		PacketInfo:   s.measured && sc.Listen.Addr().IsUnspecified(),
-		Joinable:     true, // a later instance may take over (JoinExisting)
-		JoinExisting: sc.JoinExisting,
-	}
+	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer,
+		PacketInfo: s.measured && sc.Listen.Addr().IsUnspecified()}
+	// A later instance may take the sockets over (udpio.ListenConfig).
+	lc.Joinable, lc.JoinExisting = true, sc.JoinExisting
 	network := "udp4"
 	if sc.Listen.Addr().Is6() {
 		network = "udp6"
