@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/registry"
@@ -82,11 +83,12 @@ func newProxy(cfg *config, log *slog.Logger, opts Options) (*proxy, error) {
 				CIDLen:   sc.CIDLen,
 				Backends: reg,
 			},
-			Limits:      sc.Limits,
-			Workers:     sc.Workers,
-			Transparent: sc.Transparent,
-			MaxSessions: sc.MaxSessions,
-			SessionIdle: sc.SessionIdle,
+			Limits:       sc.Limits,
+			Workers:      sc.Workers,
+			Transparent:  sc.Transparent,
+			MaxSessions:  sc.MaxSessions,
+			SessionIdle:  sc.SessionIdle,
+			JoinExisting: cfg.Join,
 		})
 	}
 	pipe, err := cidroute.New(pc)
@@ -113,6 +115,11 @@ func (p *proxy) run(ctx context.Context) error {
 	return err
 }
 
+// sourceStopWait bounds how long close waits for the sources, so that a
+// signal stops the process within 2 s whatever they do (a read stuck in
+// the kernel, a source that ignores its context).
+const sourceStopWait = time.Second
+
 // close stops the sources and the registries' timers, and the pipeline if
 // it never ran. It is idempotent.
 func (p *proxy) close() {
@@ -120,7 +127,16 @@ func (p *proxy) close() {
 		p.pipe.Close()
 	}
 	p.stopSources()
-	p.sources.Wait()
+	stopped := make(chan struct{})
+	go func() {
+		p.sources.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(sourceStopWait):
+		p.log.Error("a backend source did not stop within 1s; stopping without it", "wait", sourceStopWait)
+	}
 	for _, ps := range p.services {
 		ps.reg.Close()
 	}
