@@ -409,20 +409,30 @@ func TestFileHungRead(t *testing.T) {
 		<-release
 		return []byte(fileA), nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx, r) }()
+	stop := runFile(f, r)
 	defer close(release)
 	waitFor(t, func() bool { return r.Stats().Rejections == 2 }) // timed out, then still blocked
 	time.Sleep(50 * time.Millisecond)                            // more polls
 	equal(t, r.Stats().Rejections, uint64(2))
 	equal(t, logs.count(slog.LevelError), 2)
 	equal(t, reads.Load(), int64(1), "one stuck read at a time")
-	cancel()
-	select {
-	case err := <-done:
-		noErr(t, err)
-	case <-time.After(2 * time.Second):
-		t.Fatal("Run did not return within 2 s of cancel")
+	stop(t)
+}
+
+// runFile runs f in the background; stop cancels it and requires Run to
+// return nil within 2 s, whatever the file is doing.
+func runFile(f *File, u Updater) (stop func(t *testing.T)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx, u) }()
+	return func(t *testing.T) {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-done:
+			noErr(t, err)
+		case <-time.After(2 * time.Second):
+			t.Fatal("Run did not return within 2 s of cancel")
+		}
 	}
 }

@@ -3,7 +3,6 @@
 package registry
 
 import (
-	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -21,9 +20,7 @@ func TestFileFIFO(t *testing.T) {
 	logs := newLogCounter()
 	r, _ := newTestRegistry(t, 0)
 	f := &File{Path: path, Interval: time.Millisecond, Logger: logs.logger()}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx, r) }()
+	stop := runFile(f, r)
 	defer func() {
 		// Unblock an open(2) stuck on the FIFO, should the test fail.
 		if w, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
@@ -38,11 +35,5 @@ func TestFileFIFO(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	equal(t, logs.count(slog.LevelError), 1)
-	cancel()
-	select {
-	case err := <-done:
-		noErr(t, err)
-	case <-time.After(2 * time.Second):
-		t.Fatal("Run did not return within 2 s of cancel")
-	}
+	stop(t)
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -164,21 +162,7 @@ func (p *proxyProc) tryScrape() (map[string]float64, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	m := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			return nil, fmt.Errorf("%q: %w", line, err)
-		}
-		m[line[:i]] = v
-	}
-	return m, sc.Err()
+	return testtool.ParseMetrics(resp.Body)
 }
 
 func (p *proxyProc) scrape(t *testing.T) map[string]float64 {
@@ -312,19 +296,27 @@ func waitFor(limit time.Duration, ok func() bool) bool {
 	return true
 }
 
+// startFromFile starts a proxy whose one DTLS service "svc" reads the
+// first n backends from backends.json, and waits until it has them.
+func (env *hostileEnv) startFromFile(t *testing.T, n int) (netip.AddrPort, *proxyProc) {
+	t.Helper()
+	env.write(t, "backends.json", env.backendList(n))
+	svc := freeService(t)
+	p := env.start(t, "proxy", fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
+		{"name": "svc", "protocol": "dtls", "listen": "%v", "workers": 1, "backends_file": "backends.json"}]}`, svc))
+	waitUntil(t, 10*time.Second, "backends", func() bool {
+		return p.metric(t, `cidroute_registry_backends{service="svc",state="ready"}`) == float64(n)
+	})
+	return svc, p
+}
+
 const rejectedSeries = `cidroute_registry_rejected_updates_total{service="svc"}`
 
 // 15.4: a hostile or careless writer of the backends file cycles through
 // distinct bad contents within one log window. Every one is counted, each
 // cause is logged, the sessions keep their backends.
 func attackRejectedReloads(t *testing.T, env *hostileEnv) {
-	env.write(t, "backends.json", env.backendList(2))
-	svc := freeService(t)
-	p := env.start(t, "proxy", fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
-		{"name": "svc", "protocol": "dtls", "listen": "%v", "workers": 1, "backends_file": "backends.json"}]}`, svc))
-	waitUntil(t, 10*time.Second, "backends", func() bool {
-		return p.metric(t, `cidroute_registry_backends{service="svc",state="ready"}`) == 2
-	})
+	svc, p := env.startFromFile(t, 2)
 	require.True(t, echoes(t, svc, cidRecord(t, 1, 1)))
 	for i, bad := range []struct{ body, cause string }{
 		{`[{"ordinal": 0, "address": `, "unexpected EOF"},
@@ -346,13 +338,7 @@ func attackRejectedReloads(t *testing.T, env *hostileEnv) {
 // like an empty inline list, counted, and the session's datagrams keep
 // reaching its backend instead of dropping as unknown_ordinal.
 func attackEmptyBackendsFile(t *testing.T, env *hostileEnv) {
-	env.write(t, "backends.json", env.backendList(3))
-	svc := freeService(t)
-	p := env.start(t, "proxy", fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
-		{"name": "svc", "protocol": "dtls", "listen": "%v", "workers": 1, "backends_file": "backends.json"}]}`, svc))
-	waitUntil(t, 10*time.Second, "backends", func() bool {
-		return p.metric(t, `cidroute_registry_backends{service="svc",state="ready"}`) == 3
-	})
+	svc, p := env.startFromFile(t, 3)
 	require.True(t, echoes(t, svc, cidRecord(t, 2, 1)))
 	env.write(t, "backends.json", `[]`)
 	waitUntil(t, 10*time.Second, "rejection", func() bool { return p.metric(t, rejectedSeries) == 1 })

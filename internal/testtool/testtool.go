@@ -4,12 +4,16 @@
 package testtool
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/hex"
+	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -108,4 +112,28 @@ func ReadHex(t testing.TB, path string) []byte {
 		t.Fatal(err)
 	}
 	return Hex(t, string(raw))
+}
+
+// ParseMetrics reads the Prometheus text format into "name{labels}" →
+// value, labels as the exposition writes them (sorted by name), for tests
+// that scrape a running binary.
+func ParseMetrics(r io.Reader) (map[string]float64, error) {
+	m := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i <= 0 {
+			return nil, fmt.Errorf("metrics line %q: no value", line)
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			return nil, fmt.Errorf("metrics line %q: %w", line, err)
+		}
+		m[line[:i]] = v
+	}
+	return m, sc.Err()
 }

@@ -1,7 +1,6 @@
 package proxyapp
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -244,24 +242,11 @@ func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
 	}
 }
 
-// parseMetrics reads the Prometheus text format into "name{labels}" →
-// value, labels as the exposition writes them (sorted by name).
+// parseMetrics reads the Prometheus text format (testtool.ParseMetrics).
 func parseMetrics(t *testing.T, r io.Reader) map[string]float64 {
 	t.Helper()
-	m := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		require.Positive(t, i, line)
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		require.NoError(t, err, line)
-		m[line[:i]] = v
-	}
-	require.NoError(t, sc.Err())
+	m, err := testtool.ParseMetrics(r)
+	require.NoError(t, err)
 	return m
 }
 

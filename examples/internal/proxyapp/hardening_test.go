@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,59 +55,6 @@ func TestLogLimitEveryLevel(t *testing.T) {
 	}
 	log.Info("registry fresh again", "version", 4) // another version: another line
 	require.Equal(t, 4, strings.Count(buf.String(), "\n"), buf.String())
-}
-
-// TestRejectedReloadsCounted: every rejected backends_file counts in
-// cidroute_registry_rejected_updates_total, decode errors included, and
-// each distinct cause is logged although they come within one window.
-func TestRejectedReloadsCounted(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "b.json")
-	write := func(body string) {
-		t.Helper()
-		require.NoError(t, os.WriteFile(file+".tmp", []byte(body), 0o644))
-		require.NoError(t, os.Rename(file+".tmp", file))
-	}
-	write(`[{"ordinal": 0, "address": "127.0.0.1:9"}]`)
-	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t, "tcp"))
-	cfg, err := parseConfig(strings.NewReader(fmt.Sprintf(`{"metrics_listen": %q, "services": [
-		{"name": "d", "protocol": "dtls", "listen": "127.0.0.1:%d", "workers": 1, "backends_file": %q}]}`,
-		metrics, freePort(t, "udp"), file)))
-	require.NoError(t, err)
-	var logs syncBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, newLogger(&logs, slog.LevelInfo, errWindow), Options{}) }()
-	defer func() {
-		cancel()
-		<-done
-		if t.Failed() {
-			t.Logf("log:\n%s", logs.String())
-		}
-	}()
-	metric := func(name string) float64 {
-		resp, err := http.Get("http://" + metrics + "/metrics")
-		if err != nil {
-			return -1
-		}
-		defer resp.Body.Close()
-		return parseMetrics(t, resp.Body)[name]
-	}
-	ready := `cidroute_registry_backends{service="d",state="ready"}`
-	rejected := `cidroute_registry_rejected_updates_total{service="d"}`
-	waitFor(t, 10*time.Second, "first list", func() bool { return metric(ready) == 1 })
-	for i, bad := range []struct{ body, cause string }{
-		{`[{"ordinal": 0, "address": `, "unexpected EOF"},
-		{`[{"ordinal": 0, "adress": "127.0.0.1:9"}]`, `unknown key \"adress\"`},
-		{`[{"ordinal": 255, "address": "127.0.0.1:9"}]`, "ordinal 255 is reserved"},
-		{`[{"ordinal": 1, "address": "127.0.0.1:9"}, {"ordinal": 1, "address": "127.0.0.1:10"}]`, "duplicate ordinal"},
-		{`[]`, "empty backend list"},
-	} {
-		write(bad.body)
-		waitFor(t, 10*time.Second, bad.cause, func() bool { return metric(rejected) == float64(i+1) })
-		waitFor(t, 10*time.Second, "log of "+bad.cause, func() bool { return strings.Contains(logs.String(), bad.cause) })
-		require.Equal(t, float64(1), metric(ready), "the previous list stays")
-	}
 }
 
 // TestCheckFIFO: -check with a FIFO as backends_file, or as the config
