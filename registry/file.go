@@ -51,7 +51,7 @@ const DefaultReadTimeout = 5 * time.Second
 // once at a time. Reload is safe to call from any goroutine.
 type File struct {
 	Path        string
-	Interval    time.Duration // polling period; 0 means 1s
+	Interval    time.Duration // polling period; 0 means 1s, at least 1ms
 	ReadTimeout time.Duration // bound on one read; 0 means DefaultReadTimeout
 	Logger      *slog.Logger  // nil means slog.Default()
 
@@ -89,6 +89,7 @@ func (f *File) Run(ctx context.Context, u Updater) error {
 	if interval <= 0 {
 		interval = time.Second
 	}
+	interval = max(interval, MinMaxAge) // a tiny period would spin
 	log := f.Logger
 	if log == nil {
 		log = slog.Default()

@@ -82,8 +82,7 @@ func inUse(addr string, joining bool, err error) error {
 	if joining {
 		return fmt.Errorf("%w: %s is held by a socket without SO_REUSEPORT or of another user, which cannot be joined: %w", ErrInUse, addr, err)
 	}
-	return fmt.Errorf("%w: %s is held by another socket, perhaps another instance; "+
-		"refusing to share it (to join a running instance's SO_REUSEPORT group for a restart handover, set ListenConfig.JoinExisting): %w", ErrInUse, addr, err)
+	return fmt.Errorf("%w: %s is held by another socket, not shared without ListenConfig.JoinExisting: %w", ErrInUse, addr, err)
 }
 
 func setReusePort(c *net.UDPConn) error {

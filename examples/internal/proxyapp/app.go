@@ -97,7 +97,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 	defer flushLogs(log)
 	if err := serve(ctx, cfg, log, opts); err != nil {
 		if errors.Is(err, udpio.ErrInUse) && !cfg.Join {
-			err = fmt.Errorf("%w\n(another process holds a listen address; if it is the cidproxy this one replaces, -join shares its sockets for the handover)", err)
+			err = fmt.Errorf("%w; if that is the cidproxy this one replaces, start this one with -join to share its sockets (restart handover)", err)
 		}
 		log.Error("cidproxy stopped", "err", err)
 		return 1
