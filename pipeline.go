@@ -39,6 +39,10 @@ type Service struct {
 	// RecvBuffer and SendBuffer request socket buffer sizes in bytes (0
 	// keeps the kernel default).
 	RecvBuffer, SendBuffer int
+	// JoinExisting joins the SO_REUSEPORT group another process holds on
+	// Listen (the new process of a restart handover) instead of failing
+	// with udpio.ErrInUse; see udpio.ListenConfig.
+	JoinExisting bool
 
 	// MaxSessions bounds each worker's transparent session table
 	// (RouterConfig.Transparent); datagrams of further flows are dropped
@@ -234,6 +238,8 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 	measured := rc.PublicAddr.Addr().IsUnspecified()
 	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer,
 		PacketInfo: measured && sc.Listen.Addr().IsUnspecified()}
+	// A later instance may take the sockets over (udpio.ListenConfig).
+	lc.Joinable, lc.JoinExisting = true, sc.JoinExisting
 	network := "udp4"
 	if sc.Listen.Addr().Is6() {
 		network = "udp6"

@@ -18,6 +18,7 @@ var (
 	ErrZeroPort         = errors.New("registry: zero port")
 	ErrZeroWeight       = errors.New("registry: zero weight")
 	ErrInvalidState     = errors.New("registry: invalid state")
+	ErrEmptyList        = errors.New("registry: empty backend list (mark the backends gone instead)")
 	ErrDecode           = errors.New("registry: bad backend list")
 )
 
@@ -131,12 +132,17 @@ func (b Backend) check() error {
 	return nil
 }
 
-// Validate checks a whole backend list the way [Registry.Update] does: every
-// backend needs an ordinal 0–254, a valid unicast address that is not
+// Validate checks a whole backend list the way [Registry.Update] does: the
+// list must not be empty, every backend needs an ordinal 0–254, a valid unicast address that is not
 // unspecified, a non-zero port and a known state; no two backends may share
 // an ordinal or an address (IPv4-mapped addresses count as IPv4), whatever
 // their states. The error wraps one of the Err* sentinels and names the
 // offending entry.
+//
+// An empty list is refused ([ErrEmptyList]) from every source alike: it
+// is what a truncated file or a broken source produces, and publishing it
+// would turn every live session's datagrams into unknown ordinals. A list
+// whose backends are all gone says "nothing serves" on purpose.
 func Validate(bs []Backend) error {
 	_, err := validate(bs)
 	return err
@@ -144,6 +150,9 @@ func Validate(bs []Backend) error {
 
 // validate checks bs and returns a normalized copy.
 func validate(bs []Backend) ([]Backend, error) {
+	if len(bs) == 0 {
+		return nil, ErrEmptyList
+	}
 	out := make([]Backend, len(bs))
 	var ords [256]int // index+1 of the backend holding each ordinal
 	addrs := make(map[netip.AddrPort]int, len(bs))

@@ -6,8 +6,11 @@
 // such as a Kubernetes, Consul or DNS watcher) calls [Registry.Update] with
 // the whole backend list; the registry validates it, builds a new snapshot
 // (including the HRW table over the ready backends) and publishes it in one
-// atomic store. An invalid list is rejected whole with an error wrapping one
-// of the Err* sentinels, and the previous snapshot stays.
+// atomic store. An invalid list, an empty one included, is rejected whole
+// with an error wrapping one of the Err* sentinels, counted, and the
+// previous snapshot stays: every source goes through this one validation.
+// A source that cannot even produce a list (a file that does not decode)
+// counts that with [Registry.Reject].
 //
 // A snapshot answers the per-datagram questions without allocating:
 // [Snapshot.Serving] (the backend a CID's ordinal names, if it is ready or

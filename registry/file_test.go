@@ -159,19 +159,21 @@ func TestFileSource(t *testing.T) {
 	equal(t, h.u.confirms.Load(), confirms, "a bad file confirms nothing")
 	truth(t, h.reg.Snapshot() == good)
 
+	equal(t, h.reg.Stats().Rejections, uint64(1), "counted once")
+
 	// Invalid list (duplicate ordinal): rejected by the registry, logged once.
 	h.write(`[{"ordinal":0,"address":"10.0.0.1:5684"},{"ordinal":0,"address":"10.0.0.2:5684"}]`)
 	h.waitPolls(7)
 	equal(t, h.errorsLogged(), 2)
-	equal(t, h.reg.Stats().Rejections, uint64(1))
+	equal(t, h.reg.Stats().Rejections, uint64(2))
 	truth(t, h.reg.Snapshot() == good)
 
-	// Reload: re-read and logged again even though nothing changed.
+	// Reload: re-read, counted and logged again even though nothing changed.
 	h.f.Reload()
 	h.pollUntil("reload logs", func() bool { return h.errorsLogged() == 3 })
 	h.waitPolls(5)
 	equal(t, h.errorsLogged(), 3)
-	equal(t, h.reg.Stats().Rejections, uint64(2))
+	equal(t, h.reg.Stats().Rejections, uint64(3))
 
 	// Missing file: logged once.
 	noErr(t, os.Remove(h.path))
@@ -341,4 +343,96 @@ func (h logCounter) lastErr() error {
 		return errors.New("no error logged")
 	}
 	return last
+}
+
+// TestFileRejectionsCounted: every file the source cannot publish counts as
+// a rejected update, once per distinct content, whether the registry
+// refused the list or it never became one (syntax, unknown key, ordinal
+// 255), and is logged once; the previous snapshot stays.
+func TestFileRejectionsCounted(t *testing.T) {
+	h := startFile(t, fileA, 0)
+	good := h.reg.Snapshot()
+	for i, bad := range []string{
+		`[{"ordinal":`,
+		`[{"ordinal":0,"adress":"10.0.0.1:5684"}]`,
+		`[{"ordinal":255,"address":"10.0.0.1:5684"}]`,
+		`[{"ordinal":0,"address":"10.0.0.1:5684"},{"ordinal":0,"address":"10.0.0.2:5684"}]`,
+		`[]`,
+		`null`,
+		"[" + strings.Repeat(" ", maxFileSize) + "]",
+	} {
+		h.write(bad)
+		h.pollUntil("rejection counted", func() bool { return h.reg.Stats().Rejections >= uint64(i+1) })
+		h.waitPolls(3)
+		equal(t, h.reg.Stats().Rejections, uint64(i+1), "counted once: %.40s", bad)
+		equal(t, h.errorsLogged(), i+1, "logged once: %.40s", bad)
+		truth(t, h.reg.Snapshot() == good, "the previous list stays")
+	}
+	// Read errors are rejections too, once per distinct error.
+	noErr(t, os.Remove(h.path))
+	h.pollUntil("missing file counted", func() bool { return h.reg.Stats().Rejections == 8 })
+	h.waitPolls(3)
+	equal(t, h.reg.Stats().Rejections, uint64(8))
+	// A reload reads (and counts) again.
+	h.f.Reload()
+	h.pollUntil("reload counted", func() bool { return h.reg.Stats().Rejections == 9 })
+}
+
+// TestStaticTinyMaxAge: a static source confirms at most once a
+// millisecond, whatever the freshness limit (a 1ns ticker spun a CPU).
+func TestStaticTinyMaxAge(t *testing.T) {
+	u := &tinyAge{}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	noErr(t, Static{{Ordinal: 1, Addr: ap("10.0.0.1:5684")}}.Run(ctx, u))
+	truth(t, u.confirms.Load() <= 150, "%d confirmations in 100ms", u.confirms.Load())
+}
+
+// tinyAge is an Updater whose registry claims a 4ns MaxAge.
+type tinyAge struct{ confirms atomic.Int64 }
+
+func (u *tinyAge) Update([]Backend) error { return nil }
+func (u *tinyAge) Confirm()               { u.confirms.Add(1) }
+func (u *tinyAge) MaxAge() time.Duration  { return 4 }
+
+// TestFileHungRead: a read that never returns (a hung network mount) is
+// abandoned after ReadTimeout, reported and counted; no second read starts
+// while it hangs, and Run returns as soon as it is cancelled.
+func TestFileHungRead(t *testing.T) {
+	release := make(chan struct{})
+	var reads atomic.Int64
+	logs := newLogCounter()
+	r, _ := newTestRegistry(t, 0)
+	f := &File{Path: "/hung/backends.json", Interval: time.Millisecond, ReadTimeout: 20 * time.Millisecond, Logger: logs.logger()}
+	f.read = func(string) ([]byte, error) {
+		reads.Add(1)
+		<-release
+		return []byte(fileA), nil
+	}
+	stop := runFile(f, r)
+	defer close(release)
+	waitFor(t, func() bool { return r.Stats().Rejections == 2 }) // timed out, then still blocked
+	time.Sleep(50 * time.Millisecond)                            // more polls
+	equal(t, r.Stats().Rejections, uint64(2))
+	equal(t, logs.count(slog.LevelError), 2)
+	equal(t, reads.Load(), int64(1), "one stuck read at a time")
+	stop(t)
+}
+
+// runFile runs f in the background; stop cancels it and requires Run to
+// return nil within 2 s, whatever the file is doing.
+func runFile(f *File, u Updater) (stop func(t *testing.T)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx, u) }()
+	return func(t *testing.T) {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-done:
+			noErr(t, err)
+		case <-time.After(2 * time.Second):
+			t.Fatal("Run did not return within 2 s of cancel")
+		}
+	}
 }

@@ -37,6 +37,9 @@ func backendsFromBytes(data []byte) []Backend {
 
 // refValid is a naive validator to cross-check Validate.
 func refValid(bs []Backend) bool {
+	if len(bs) == 0 {
+		return false
+	}
 	for i, b := range bs {
 		a := b.Addr.Addr().Unmap()
 		if b.Ordinal == 255 || !a.IsValid() || a.IsUnspecified() || a.IsMulticast() ||

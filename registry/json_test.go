@@ -32,10 +32,6 @@ func TestDecodeBackends(t *testing.T) {
 	want[3].Addr = ap("10.0.0.13:5684")
 	equal(t, again, want)
 	equal(t, string(out[:62]), `[{"ordinal":0,"address":"10.0.0.10:5684","weight":2,"state":"ready"}`[:62])
-
-	empty, err := DecodeBackends(strings.NewReader(" [ ] \n"))
-	noErr(t, err)
-	equal(t, len(empty), 0)
 }
 
 func TestDecodeBackendsErrors(t *testing.T) {
@@ -112,7 +108,7 @@ func TestState(t *testing.T) {
 
 var sentinels = []error{
 	ErrReservedOrdinal, ErrInvalidOrdinal, ErrDuplicateOrdinal, ErrDuplicateAddr,
-	ErrInvalidAddr, ErrUnspecifiedAddr, ErrZeroPort, ErrZeroWeight, ErrInvalidState, ErrDecode,
+	ErrInvalidAddr, ErrUnspecifiedAddr, ErrZeroPort, ErrZeroWeight, ErrInvalidState, ErrDecode, ErrEmptyList,
 }
 
 func wrapsSentinel(err error) bool {

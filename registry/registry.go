@@ -17,7 +17,8 @@ type Config struct {
 	// the same one, or replicas choose different backends for new sessions.
 	Seed uint64
 	// MaxAge is the freshness limit: when the source has not called Update
-	// or Confirm for longer, the registry is stale. 0 turns freshness off.
+	// or Confirm for longer, the registry is stale. 0 turns freshness off;
+	// otherwise it must be at least MinMaxAge.
 	MaxAge time.Duration
 	// Logger receives the stale and recovered transitions. nil means
 	// slog.Default().
@@ -49,12 +50,17 @@ type Registry struct {
 
 var _ Updater = (*Registry)(nil)
 
+// MinMaxAge is the smallest freshness limit New accepts: the sources
+// confirm at most once a millisecond, so a shorter limit would only make a
+// registry flap between stale and fresh (and log each flap).
+const MinMaxAge = time.Millisecond
+
 // New returns a registry holding an empty snapshot (version 0). With
 // cfg.MaxAge set, the freshness clock starts now: a source must Update or
 // Confirm within MaxAge. Call Close to stop the freshness timer.
 func New(cfg Config) (*Registry, error) {
-	if cfg.MaxAge < 0 {
-		return nil, fmt.Errorf("registry %q: negative MaxAge %v", cfg.Service, cfg.MaxAge)
+	if cfg.MaxAge < 0 || (cfg.MaxAge > 0 && cfg.MaxAge < MinMaxAge) {
+		return nil, fmt.Errorf("registry %q: MaxAge %v: want 0 (off) or at least %v", cfg.Service, cfg.MaxAge, MinMaxAge)
 	}
 	r := &Registry{cfg: cfg, log: cfg.Logger, now: cfg.now}
 	if r.log == nil {
@@ -118,6 +124,12 @@ func (r *Registry) Update(bs []Backend) error {
 	return nil
 }
 
+// Reject counts an update that its source could not even turn into a
+// backend list (a file that cannot be read or decoded), as Update counts
+// the lists it refuses, so that every rejected update shows in Stats.
+// Nothing else changes: not the snapshot, not the freshness clock.
+func (r *Registry) Reject() { r.rejections.Add(1) }
+
 // Confirm tells the registry that its source still stands by the current
 // snapshot. It refreshes the freshness clock and clears the stale flag.
 func (r *Registry) Confirm() {
@@ -176,7 +188,8 @@ type Stats struct {
 	Service string
 	// Version of the current snapshot.
 	Version uint64
-	// Updates accepted, updates rejected, and Confirm calls.
+	// Updates accepted, updates rejected (by Update or Reject), and
+	// Confirm calls.
 	Updates, Rejections, Confirmations uint64
 	// LastConfirmed is the time of the last accepted Update or Confirm (or
 	// of New); Age is how long ago that was.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -62,9 +63,6 @@ func TestUpdateCopiesInput(t *testing.T) {
 	bs[0].Ordinal = 9
 	_, ok := r.Snapshot().Backend(1)
 	truth(t, ok, "the registry keeps its own copy")
-	equal(t, Validate(nil), nil)
-	noErr(t, r.Update(nil))
-	equal(t, r.Snapshot().Len(), 0)
 }
 
 func TestNewConfig(t *testing.T) {
@@ -205,8 +203,8 @@ func TestFreshnessTimer(t *testing.T) {
 	r.Close()
 	r.Confirm()
 
-	// A limit so short that the timer fires while New is still running.
-	tiny, err := New(Config{MaxAge: time.Nanosecond, Logger: quietLogger()})
+	// The shortest limit, which may fire while New is still running.
+	tiny, err := New(Config{MaxAge: MinMaxAge, Logger: quietLogger()})
 	noErr(t, err)
 	waitFor(t, tiny.Stale)
 	tiny.Close()
@@ -473,4 +471,34 @@ func BenchmarkSnapshot(b *testing.B) {
 	for b.Loop() {
 		sinkB, sinkOK = r.Snapshot().Serving(3)
 	}
+}
+
+// TestEmptyListRefused: an empty list is refused by every path into a
+// registry (Validate, DecodeBackends, Update: inline config, -check, the
+// file source, Kubernetes), counted, and the previous snapshot stays. Its
+// meaning, "every session is dead", is said by marking backends gone.
+func TestEmptyListRefused(t *testing.T) {
+	isErr(t, Validate(nil), ErrEmptyList)
+	_, err := DecodeBackends(strings.NewReader(" [ ] "))
+	isErr(t, err, ErrEmptyList)
+	r, _ := newTestRegistry(t, 0)
+	noErr(t, r.Update([]Backend{{Ordinal: 1, Addr: ap("10.0.0.1:5684")}}))
+	before := r.Snapshot()
+	isErr(t, r.Update(nil), ErrEmptyList)
+	isErr(t, r.Update([]Backend{}), ErrEmptyList)
+	truth(t, r.Snapshot() == before, "the previous snapshot stays")
+	equal(t, r.Stats().Rejections, uint64(2))
+	noErr(t, r.Update([]Backend{{Ordinal: 1, Addr: ap("10.0.0.1:5684"), State: Gone}}))
+}
+
+// TestNewTinyMaxAge: a freshness limit below what any source can confirm
+// is refused instead of flapping stale and fresh.
+func TestNewTinyMaxAge(t *testing.T) {
+	for _, d := range []time.Duration{1, 4, time.Microsecond, time.Millisecond - 1} {
+		_, err := New(Config{MaxAge: d, Logger: quietLogger()})
+		truth(t, err != nil, "MaxAge %v accepted", d)
+	}
+	r, err := New(Config{MaxAge: time.Millisecond, Logger: quietLogger()})
+	noErr(t, err)
+	r.Close()
 }

@@ -10,13 +10,27 @@ import (
 var errNilUpdater = errors.New("registry: nil Updater")
 
 // Updater receives a source's view of the backends. *Registry implements
-// it; wrappers (to fan out, or to log) may too.
+// it; wrappers (to fan out, or to log) may too, and should embed the
+// *Registry, or forward its MaxAge and Reject methods, which sources look
+// for: MaxAge to pace confirmations, Reject to count an update that failed
+// before it became a list.
 type Updater interface {
 	// Update replaces the whole backend list. It validates and copies bs;
 	// an error leaves the previous list in place.
 	Update(bs []Backend) error
 	// Confirm says the source still stands by the current list.
 	Confirm()
+}
+
+// rejecter is implemented by Updaters that count updates a source could
+// not even decode (as *Registry does with Reject); sources that can fail
+// that way call it through reject.
+type rejecter interface{ Reject() }
+
+func reject(u Updater) {
+	if r, ok := u.(rejecter); ok {
+		r.Reject()
+	}
 }
 
 // A Source discovers a service's backends and reports them to an Updater.
@@ -46,8 +60,8 @@ var (
 // Static is a fixed backend list, from configuration. Run publishes it once
 // (returning the validation error if it is invalid) and then confirms it
 // until ctx is done, because a fixed list cannot go stale: every MaxAge/4
-// when u has a MaxAge method (as *Registry does), once a second otherwise,
-// never when MaxAge is 0.
+// (but at most once a millisecond) when u has a MaxAge method (as
+// *Registry does), once a second otherwise, never when MaxAge is 0.
 type Static []Backend
 
 // Run implements Source.
@@ -65,7 +79,7 @@ func (s Static) Run(ctx context.Context, u Updater) error {
 			<-ctx.Done()
 			return nil
 		}
-		every = max(maxAge/4, 1)
+		every = max(maxAge/4, MinMaxAge)
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()

@@ -10,7 +10,9 @@
 // parks the goroutine on Go's netpoller: no spinning, no OS thread held.
 //
 // ListenGroup opens N SO_REUSEPORT sockets on one address, one per worker
-// goroutine. AttachSteering adds a classic BPF program that delivers each
+// goroutine, and refuses to share the address with sockets it did not open
+// (another instance started by mistake) unless ListenConfig.JoinExisting
+// asks to join them, as the new process of a restart handover does. AttachSteering adds a classic BPF program that delivers each
 // DTLS 1.2 or QUIC datagram to the socket named by the ordinal byte of its
 // connection ID, so a server running one DTLS listener or quic-go Transport
 // per socket receives every packet of a session on the socket that owns it.

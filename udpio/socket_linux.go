@@ -19,10 +19,13 @@ import (
 // is socket i of the kernel's reuseport group, the index AttachSteering
 // returns; closing one socket reorders the group, so close them together.
 //
-// With n == 1 the socket is a plain one, without SO_REUSEPORT. With port 0
-// the first socket is bound without SO_REUSEPORT, so that the kernel picks a
-// port no other reuseport group of this user holds (an ephemeral bind with
-// SO_REUSEPORT may join one), and the others join it.
+// The group refuses to share its address with sockets it did not open: the
+// first socket is bound without SO_REUSEPORT, so that the bind fails with
+// ErrInUse when another socket (or another process's reuseport group)
+// holds the address, and gets SO_REUSEPORT only once bound; the others then
+// join it. cfg.JoinExisting lifts the refusal for a restart handover. With
+// n == 1 the socket keeps no SO_REUSEPORT unless cfg.Joinable. With port 0
+// the kernel picks a port no other socket holds.
 func ListenGroup(network, addr string, n int, cfg ListenConfig) ([]*net.UDPConn, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("group of %d sockets: %w", n, ErrConfig)
@@ -34,6 +37,11 @@ func ListenGroup(network, addr string, n int, cfg ListenConfig) ([]*net.UDPConn,
 	if err != nil {
 		return nil, fmt.Errorf("udpio: %w", err)
 	}
+	ephemeral := portStr == "0" || portStr == ""
+	// An ephemeral bind with SO_REUSEPORT could join a group of this user
+	// that holds the port the kernel picks.
+	join := cfg.JoinExisting && !ephemeral
+	shared := n > 1 || cfg.Joinable || join
 	group := make([]*net.UDPConn, 0, n)
 	fail := func(err error) ([]*net.UDPConn, error) {
 		for _, c := range group {
@@ -42,26 +50,39 @@ func ListenGroup(network, addr string, n int, cfg ListenConfig) ([]*net.UDPConn,
 		return nil, err
 	}
 	for i := range n {
-		reuse := n > 1
-		lateReuse := reuse && i == 0 && (portStr == "0" || portStr == "")
+		// Socket 0 joins nothing unless asked; the others join socket 0.
+		early := shared && (i > 0 || join)
 		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-			return control(rc, cfg, reuse && !lateReuse)
+			return control(rc, cfg, early)
 		}}
 		pc, err := lc.ListenPacket(context.Background(), network, addr)
 		if err != nil {
+			if i == 0 && errors.Is(err, syscall.EADDRINUSE) {
+				return fail(inUse(addr, join, err))
+			}
 			return fail(fmt.Errorf("udpio: listening on %s (socket %d of %d): %w", addr, i, n, err))
 		}
 		c := pc.(*net.UDPConn)
 		group = append(group, c)
-		if lateReuse {
+		if i == 0 && shared && !early {
 			if err := setReusePort(c); err != nil {
 				return fail(err)
 			}
+		}
+		if i == 0 && ephemeral {
 			port := c.LocalAddr().(*net.UDPAddr).Port
 			addr = net.JoinHostPort(host, fmt.Sprint(port))
 		}
 	}
 	return group, nil
+}
+
+// inUse explains an EADDRINUSE of the first socket.
+func inUse(addr string, joining bool, err error) error {
+	if joining {
+		return fmt.Errorf("%w: %s is held by a socket without SO_REUSEPORT or of another user, which cannot be joined: %w", ErrInUse, addr, err)
+	}
+	return fmt.Errorf("%w: %s is held by another socket, not shared without ListenConfig.JoinExisting: %w", ErrInUse, addr, err)
 }
 
 func setReusePort(c *net.UDPConn) error {

@@ -9,8 +9,8 @@ import (
 )
 
 // ListenGroup opens one UDP socket on this platform; groups of more than
-// one socket and PacketInfo need Linux and return an error wrapping
-// ErrNotSupported.
+// one socket, PacketInfo and JoinExisting need Linux and return an error
+// wrapping ErrNotSupported. Joinable is ignored.
 func ListenGroup(network, addr string, n int, cfg ListenConfig) ([]*net.UDPConn, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("group of %d sockets: %w", n, ErrConfig)
@@ -18,8 +18,8 @@ func ListenGroup(network, addr string, n int, cfg ListenConfig) ([]*net.UDPConn,
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if n > 1 || cfg.PacketInfo {
-		return nil, fmt.Errorf("reuseport groups and packet info: %w", ErrNotSupported)
+	if n > 1 || cfg.PacketInfo || cfg.JoinExisting {
+		return nil, fmt.Errorf("reuseport groups, joining them and packet info: %w", ErrNotSupported)
 	}
 	pc, err := (&net.ListenConfig{}).ListenPacket(context.Background(), network, addr)
 	if err != nil {

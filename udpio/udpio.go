@@ -26,6 +26,12 @@ var (
 	// so a classic BPF program cannot read the ordinal. Steer in user
 	// space instead, or use a plaintext codec.
 	ErrNoOrdinalByte = errors.New("udpio: the CID codec has no plaintext ordinal byte (encrypted CIDs); kernel steering cannot read it")
+
+	// ErrInUse is wrapped by ListenGroup when another socket already holds
+	// the address (with the syscall's EADDRINUSE): another process, or a
+	// SO_REUSEPORT group that this call did not create and was not allowed
+	// to join (ListenConfig.JoinExisting).
+	ErrInUse = errors.New("udpio: address already in use")
 )
 
 // DefaultBatch is the batch size NewConn uses when given 0.
@@ -79,6 +85,21 @@ type ListenConfig struct {
 	// (IPv6 and dual-stack sockets), so Message.Local reports each
 	// datagram's destination address.
 	PacketInfo bool
+	// Joinable sets SO_REUSEPORT on a group of one socket too, so that a
+	// later process may join it with JoinExisting (a restart handover);
+	// groups of several sockets always have it. Leave it off for sockets
+	// nothing should share, such as a proxy's upstream sockets. Ignored
+	// where SO_REUSEPORT groups are not supported.
+	Joinable bool
+	// JoinExisting lets the group join a SO_REUSEPORT group that another
+	// process (of the same user: a kernel rule) holds on the address, the
+	// first step of handing a running proxy over to a new one. Without it
+	// the first socket is bound without SO_REUSEPORT, so ListenGroup fails
+	// with ErrInUse when anything holds the address, and only then gets
+	// SO_REUSEPORT for its siblings: a second instance started by mistake
+	// cannot silently take half of the traffic. With a port 0 there is
+	// nothing to join and it is ignored.
+	JoinExisting bool
 }
 
 func (cfg ListenConfig) validate() error {

@@ -4,6 +4,7 @@
 //
 //	cidproxy -config cidproxy.json          run
 //	cidproxy -check -config cidproxy.json   validate the file and exit
+//	cidproxy -join -config cidproxy.json    run, sharing the sockets of the instance it replaces
 //	cidproxy -demo                          a self-contained demo on loopback
 //
 // SIGINT and SIGTERM stop it; SIGHUP re-reads every backends_file. This

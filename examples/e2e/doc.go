@@ -21,6 +21,8 @@
 //     scale-out and drain, registry failure, rebinding storms, floods and
 //     spoofed replies, rate limits; `go test -run TestSoak -soak=2m -v`
 //     for the long run and the README's reliability table.
+//   - hostile_*: the hostile-input suite: the attacks of the hardening
+//     review replayed against the cidproxy binary, one case per attack.
 //
 // Every test stops its replicas at the end and checks each one's counter
 // identity: received = forwarded + Σ dropped, in both directions.

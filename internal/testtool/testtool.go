@@ -114,9 +114,9 @@ func ReadHex(t testing.TB, path string) []byte {
 	return Hex(t, string(raw))
 }
 
-// ParseMetrics reads the Prometheus text exposition format into
-// "name{labels}" → value, the labels as the exposition writes them (sorted
-// by name).
+// ParseMetrics reads the Prometheus text format into "name{labels}" →
+// value, labels as the exposition writes them (sorted by name), for tests
+// that scrape a running binary.
 func ParseMetrics(r io.Reader) (map[string]float64, error) {
 	m := map[string]float64{}
 	sc := bufio.NewScanner(r)
@@ -126,8 +126,8 @@ func ParseMetrics(r io.Reader) (map[string]float64, error) {
 			continue
 		}
 		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			return nil, fmt.Errorf("metrics line %q", line)
+		if i <= 0 {
+			return nil, fmt.Errorf("metrics line %q: no value", line)
 		}
 		v, err := strconv.ParseFloat(line[i+1:], 64)
 		if err != nil {

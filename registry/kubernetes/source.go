@@ -242,11 +242,12 @@ type runState struct {
 	src *Source
 	u   registry.Updater
 
-	dirty    bool               // a change arrived since the last rebuild
-	sent     bool               // last holds a list that was passed to Update
-	last     []registry.Backend // the last list passed to Update
-	accepted bool               // whether Update accepted last
-	skips    map[skip]bool      // skipped endpoints already logged
+	dirty     bool               // a change arrived since the last rebuild
+	sent      bool               // last holds a list that was passed to Update
+	last      []registry.Backend // the last list passed to Update
+	accepted  bool               // whether Update accepted last
+	published []registry.Backend // the last list Update accepted
+	skips     map[skip]bool      // skipped endpoints already logged
 }
 
 // rebuild maps the slices, passes the list to the Updater when it differs
@@ -266,6 +267,22 @@ func (st *runState) rebuild(in []*discoveryv1.EndpointSlice) {
 	}
 	st.skips = now
 
+	if len(bs) == 0 {
+		// No endpoints (scaled to zero, slices deleted): the registry
+		// refuses an empty list, so say the same with the last published
+		// backends, all gone; their CIDs then count as not serving. Before
+		// anything was published the registry is empty already, which is
+		// the truth to confirm.
+		if st.published == nil {
+			st.sent, st.last, st.accepted = true, bs, true
+			log.Info("kubernetes: the service has no endpoints")
+			return
+		}
+		bs = slices.Clone(st.published)
+		for i := range bs {
+			bs[i].State = registry.Gone
+		}
+	}
 	if st.sent && slices.Equal(bs, st.last) {
 		return
 	}
@@ -275,7 +292,7 @@ func (st *runState) rebuild(in []*discoveryv1.EndpointSlice) {
 		log.Error("kubernetes: backend list rejected; keeping the previous backends and not confirming them", "err", err, "backends", len(bs))
 		return
 	}
-	st.accepted = true
+	st.accepted, st.published = true, bs
 	var n [registry.Gone + 1]int
 	for _, b := range bs {
 		n[b.State]++

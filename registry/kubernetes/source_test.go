@@ -236,9 +236,27 @@ func TestSourceLifecycle(t *testing.T) {
 	require.Equal(t, version+1, r.reg.Snapshot().Version(), "the merge published a snapshot")
 	require.Zero(t, r.reg.Stats().Rejections)
 
-	// Scale to zero.
+	// Scale to zero: the registry refuses an empty list, so the last
+	// backends stay, all gone.
 	c.delete("svc-a")
-	r.waitBackends(t)
+	r.waitBackends(t, be(1, "10.0.0.2:5684", registry.Gone), be(2, "10.0.0.3:5684", registry.Gone))
+	require.Zero(t, r.reg.Stats().Rejections)
+
+	// And back.
+	c.create(slice("svc-a", pod("ds-0", "10.0.0.7", ready)))
+	r.waitBackends(t, be(0, "10.0.0.7:5684", registry.Ready))
+}
+
+// TestSourceNoEndpointsAtStart: a Service without endpoints publishes
+// nothing (the registry is empty already) and still confirms.
+func TestSourceNoEndpointsAtStart(t *testing.T) {
+	c := newCluster(t)
+	r := start(t, c, 100*time.Millisecond)
+	eventually(t, func() bool { return r.reg.Stats().Confirmations > 0 }, "a confirmation")
+	require.Zero(t, r.reg.Stats().Rejections)
+	require.Zero(t, r.reg.Snapshot().Version())
+	c.create(slice("svc-a", pod("ds-0", "10.0.0.1", ready)))
+	r.waitBackends(t, be(0, "10.0.0.1:5684", registry.Ready))
 }
 
 func TestSourceDuplicateOrdinal(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/cidroute/cidroute/registry"
+	"github.com/cidroute/cidroute/udpio"
 )
 
 // errWindow is how often one repeated warning or error may be logged.
@@ -52,6 +53,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 	check := fs.Bool("check", false, "validate the configuration and exit")
 	demo := fs.Bool("demo", false, "run a self-contained demo on loopback and exit")
 	demoFor := fs.Duration("demo-duration", 10*time.Second, "how long the demo sends traffic")
+	join := fs.Bool("join", false, "join the SO_REUSEPORT groups a running cidproxy holds on the listen addresses\n(the new process of a restart handover) instead of refusing to start")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -71,9 +73,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 		fs.Usage()
 		return 2
 	}
-	cfg, err := loadConfig(*path)
+	cfg, err := loadConfig(ctx, *path)
 	if err == nil && *check {
-		err = cfg.checkBackendFiles()
+		err = cfg.checkBackendFiles(ctx)
 	}
 	if err == nil && *check {
 		err = cfg.checkCIDKeyFiles()
@@ -93,8 +95,13 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 		fmt.Fprintf(stdout, "%s: ok: %s\n", *path, cfg.summary())
 		return 0
 	}
+	cfg.Join = *join
 	log := newLogger(stderr, cfg.LogLevel, errWindow)
+	defer flushLogs(log)
 	if err := serve(ctx, cfg, log, opts); err != nil {
+		if errors.Is(err, udpio.ErrInUse) && !cfg.Join {
+			err = fmt.Errorf("%w; if that is the cidproxy this one replaces, start this one with -join to share its sockets (restart handover)", err)
+		}
 		log.Error("cidproxy stopped", "err", err)
 		return 1
 	}

@@ -2,6 +2,7 @@ package proxyapp
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -18,12 +18,14 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/internal/boundedread"
 	"github.com/cidroute/cidroute/quic"
 	"github.com/cidroute/cidroute/registry"
 )
 
-// The JSON file, as written. Keys are matched exactly and unknown keys are
-// errors, so a typo is reported instead of silently taking a default.
+// The JSON file, as written. Every object is read by decodeStrict: keys
+// match exactly and once, unknown keys are errors, so a typo is reported
+// instead of silently taking a default.
 type fileConfig struct {
 	HRWSeed       uint64            `json:"hrw_seed"`
 	MetricsListen string            `json:"metrics_listen"`
@@ -48,6 +50,7 @@ type fileService struct {
 	BackendsFile   string          `json:"backends_file"`
 	Kubernetes     *Kubernetes     `json:"kubernetes"`
 	Limits         fileLimits      `json:"limits"`
+	Unroutable     string          `json:"unroutable"` // QUIC only: "drop" (default) or "hash"
 }
 
 type fileLimits struct {
@@ -63,6 +66,10 @@ type config struct {
 	MetricsListen string // "" = no metrics endpoint
 	LogLevel      slog.Level
 	Services      []serviceConfig
+	// Join (the -join flag, never in the file) lets the services' sockets
+	// join the SO_REUSEPORT groups a running instance holds on their
+	// addresses: the new process of a restart handover.
+	Join bool
 }
 
 type serviceConfig struct {
@@ -92,21 +99,44 @@ type serviceConfig struct {
 	// are the backends (builds with Options.Kubernetes only).
 	Kubernetes *Kubernetes
 	Limits     cidroute.Limits
+	// UnroutableHash ("unroutable": "hash", QUIC only) sends short-header
+	// and Handshake packets whose CID names no server (QUIC-LB config
+	// rotation 0b111 or another rotation) to HRW over the ready backends
+	// keyed by client address, the draft's fallback; false drops them.
+	UnroutableHash bool
 }
 
 const maxWorkers = 256 // cidroute.Pipeline's limit
+
+// Lower bounds of the duration keys, checked by -check as by a start.
+const (
+	// A transparent session that expires faster than a client's pause
+	// between datagrams is no session, and each expiry and re-creation
+	// costs a socket: 1 s is far below any DTLS or QUIC idle timeout.
+	minSessionIdle = time.Second
+	// The file source confirms once per 1 s poll; a limit of fewer than
+	// three polls turns a healthy registry stale at the first slow one and
+	// makes it flap (4ns spun a CPU and logged 33,000 lines in 4 s).
+	minRegistryAge = 3 * time.Second
+)
+
+// Bounds of the files the program reads: both are a few kilobytes in
+// practice; a FIFO or a hung mount must not block start-up or -check.
+const (
+	maxConfigSize = 1 << 20
+	readTimeout   = 5 * time.Second
+)
 
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // loadConfig reads and validates the file at path. A relative
 // backends_file is taken relative to the config file's directory.
-func loadConfig(path string) (*config, error) {
-	f, err := os.Open(path)
+func loadConfig(ctx context.Context, path string) (*config, error) {
+	data, err := boundedread.Read(ctx, path, maxConfigSize, readTimeout)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	cfg, err := parseConfig(io.LimitReader(f, 1<<20))
+	cfg, err := parseConfig(bytes.NewReader(data))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -192,8 +222,8 @@ func parseService(raw json.RawMessage) (serviceConfig, error) {
 	if s.Listen, err = netip.ParseAddrPort(fs.Listen); err != nil {
 		return fail("listen %q: want ip:port (IPv6 in brackets)", fs.Listen)
 	}
-	if s.Listen.Port() == 0 || s.Listen.Addr().IsMulticast() {
-		return fail("listen %v: want a unicast or wildcard address and a non-zero port", s.Listen)
+	if s.Listen.Port() == 0 || s.Listen.Addr().IsMulticast() || s.Listen.Addr() == broadcast {
+		return fail("listen %v: want a unicast or wildcard address (not multicast or broadcast) and a non-zero port", s.Listen)
 	}
 	s.Listen = netip.AddrPortFrom(s.Listen.Addr().Unmap(), s.Listen.Port())
 	s.CIDLen = fs.CIDLength
@@ -223,19 +253,15 @@ func parseService(raw json.RawMessage) (serviceConfig, error) {
 		return fail("max_sessions %d: want 0 (default %d) or more", fs.MaxSessions, cidroute.DefaultMaxSessions)
 	}
 	s.MaxSessions = fs.MaxSessions
-	if fs.SessionIdle != "" {
-		if s.SessionIdle, err = time.ParseDuration(fs.SessionIdle); err != nil || s.SessionIdle <= 0 {
-			return fail("session_idle %q: want a positive Go duration such as \"2m\"", fs.SessionIdle)
-		}
+	if s.SessionIdle, err = parseDuration("session_idle", fs.SessionIdle, minSessionIdle, false); err != nil {
+		return s, err
 	}
 	if fs.Workers < 0 || fs.Workers > maxWorkers {
 		return fail("workers %d: want 0 (one per CPU) to %d", fs.Workers, maxWorkers)
 	}
 	s.Workers = fs.Workers
-	if fs.MaxRegistryAge != "" {
-		if s.MaxAge, err = time.ParseDuration(fs.MaxRegistryAge); err != nil || s.MaxAge < 0 {
-			return fail("max_registry_age %q: want a Go duration such as \"30s\" (\"0s\" = off)", fs.MaxRegistryAge)
-		}
+	if s.MaxAge, err = parseDuration("max_registry_age", fs.MaxRegistryAge, minRegistryAge, true); err != nil {
+		return s, err
 	}
 	hasList := len(fs.Backends) > 0 && string(fs.Backends) != "null"
 	sources := 0
@@ -254,12 +280,20 @@ func parseService(raw json.RawMessage) (serviceConfig, error) {
 			return fail("kubernetes: %v", err)
 		}
 	case hasList:
+		// The registry's own validation, as for every other source.
 		if s.Backends, err = registry.DecodeBackends(bytes.NewReader(fs.Backends)); err != nil {
 			return s, fmt.Errorf("backends: %w", err)
 		}
-		if len(s.Backends) == 0 {
-			return fail("backends: empty list")
-		}
+	}
+	switch fs.Unroutable {
+	case "", "drop":
+	case "hash":
+		s.UnroutableHash = true
+	default:
+		return fail("unroutable %q: want \"drop\" or \"hash\"", fs.Unroutable)
+	}
+	if fs.Unroutable != "" && s.Protocol != cidroute.QUIC {
+		return fail("unroutable applies to quic services only (a DTLS CID has no unroutable marker)")
 	}
 	l := fs.Limits
 	for _, v := range []struct {
@@ -272,20 +306,6 @@ func parseService(raw json.RawMessage) (serviceConfig, error) {
 	}
 	s.Limits = cidroute.Limits{GlobalPPS: l.GlobalPPS, PerSourcePPS: l.PerSourcePPS, HandshakePPS: l.HandshakePPS, ZeroRTTPPS: l.ZeroRTTPPS}
 	return s, nil
-}
-
-// decodeStrict decodes exactly one JSON value into v, refusing unknown
-// keys (in nested objects too) and trailing data.
-func decodeStrict(r io.Reader, v any) error {
-	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return jsonError(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("data after the JSON object")
-	}
-	return nil
 }
 
 // jsonError rewords encoding/json's errors to name the key in the file's
@@ -324,6 +344,29 @@ func kindName(k string) string {
 		return "a boolean"
 	}
 	return "a " + k
+}
+
+var broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+// parseDuration reads a duration key: absent means 0 (the default); else a
+// Go duration of at least min, or "0s" where zeroOff says 0 turns the
+// feature off.
+func parseDuration(key, s string, min time.Duration, zeroOff bool) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	switch {
+	case err != nil || d < 0:
+		return 0, fmt.Errorf("%s %q: want a Go duration such as \"30s\"", key, s)
+	case d == 0 && zeroOff:
+		return 0, nil
+	case d < min && zeroOff:
+		return 0, fmt.Errorf("%s %q: want \"0s\" (off) or at least %v", key, s, min)
+	case d < min:
+		return 0, fmt.Errorf("%s %q: want at least %v", key, s, min)
+	}
+	return d, nil
 }
 
 // checkHostPort accepts host:port with a numeric port, host possibly
@@ -365,6 +408,9 @@ func (c *config) summary() string {
 		if s.Limits != (cidroute.Limits{}) {
 			b.WriteString(", limits on")
 		}
+		if s.UnroutableHash {
+			b.WriteString(", unroutable CIDs hashed")
+		}
 		b.WriteByte(')')
 	}
 	if c.MetricsListen != "" {
@@ -375,23 +421,20 @@ func (c *config) summary() string {
 }
 
 // checkBackendFiles reads every backends_file once, for -check: at run time
-// a bad file is logged and retried, but a check should say so.
-func (c *config) checkBackendFiles() error {
+// a bad file is logged and retried, but a check should say so. The read is
+// bounded as the file source's is, and the list validated by the same
+// decoder.
+func (c *config) checkBackendFiles(ctx context.Context) error {
 	for _, s := range c.Services {
 		if s.BackendsFile == "" {
 			continue
 		}
-		f, err := os.Open(s.BackendsFile)
+		data, err := boundedread.Read(ctx, s.BackendsFile, maxConfigSize, readTimeout)
 		if err != nil {
 			return fmt.Errorf("service %q: backends_file: %w", s.Name, err)
 		}
-		bs, err := registry.DecodeBackends(io.LimitReader(f, 1<<20))
-		f.Close()
-		if err != nil {
+		if _, err := registry.DecodeBackends(bytes.NewReader(data)); err != nil {
 			return fmt.Errorf("service %q: backends_file %s: %w", s.Name, s.BackendsFile, err)
-		}
-		if len(bs) == 0 {
-			return fmt.Errorf("service %q: backends_file %s: empty list", s.Name, s.BackendsFile)
 		}
 	}
 	return nil

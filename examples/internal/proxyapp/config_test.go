@@ -1,6 +1,7 @@
 package proxyapp
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -88,6 +89,17 @@ func TestParseConfigGood(t *testing.T) {
 		{"max age off", withServices(`{` + svc + `, "max_registry_age": "0s"}`), func(t *testing.T, c *config) {
 			require.Zero(t, c.Services[0].MaxAge)
 		}},
+		{"unroutable", withServices(`{"name": "h3", "protocol": "quic", "listen": "[::]:443", "backends_file": "b.json", "unroutable": "hash"}`,
+			`{"name": "h4", "protocol": "quic", "listen": "[::]:444", "backends_file": "b.json", "unroutable": "drop"}`,
+			`{"name": "h5", "protocol": "quic", "listen": "[::]:445", "backends_file": "b.json"}`), func(t *testing.T, c *config) {
+			require.True(t, c.Services[0].UnroutableHash)
+			require.False(t, c.Services[1].UnroutableHash)
+			require.False(t, c.Services[2].UnroutableHash, "drop by default")
+		}},
+		{"duration bounds", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "1s", "max_registry_age": "3s"}`), func(t *testing.T, c *config) {
+			require.Equal(t, time.Second, c.Services[0].SessionIdle)
+			require.Equal(t, 3*time.Second, c.Services[0].MaxAge)
+		}},
 		{"mapped listen", withServices(`{"name": "m", "protocol": "dtls", "listen": "[::ffff:127.0.0.1]:5684", "backends_file": "f"}`), func(t *testing.T, c *config) {
 			require.Equal(t, netip.MustParseAddrPort("127.0.0.1:5684"), c.Services[0].Listen)
 		}},
@@ -146,11 +158,29 @@ func TestParseConfigBad(t *testing.T) {
 		{"negative duration", withServices(`{` + svc + `, "max_registry_age": "-1s"}`), `max_registry_age "-1s"`},
 		{"both backend keys", withServices(`{` + svc + `, "backends_file": "f"}`), "give exactly one"},
 		{"no backends", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5"}`), "no backends"},
-		{"empty backends", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": []}`), "empty list"},
+		{"empty backends", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": []}`), "empty backend list"},
 		{"negative limit", withServices(`{` + svc + `, "limits": {"handshake_pps": -5}}`), "limits.handshake_pps -5"},
 		{"reserved ordinal", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 255, "address": "1.1.1.1:1"}]}`), "255"},
 		{"zero weight", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 1, "address": "1.1.1.1:1", "weight": 0}]}`), "weight"},
 		{"bad state", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 1, "address": "1.1.1.1:1", "state": "up"}]}`), "state"},
+		// One strict decoder for the whole file: keys match exactly, once.
+		{"key case", `{"hrw_seed": 1, "HRW_SEED": 2, "services": [{` + svc + `}]}`, `unknown key "HRW_SEED" (keys are lower case: "hrw_seed")`},
+		{"key case alone", `{"Hrw_Seed": 2, "services": [{` + svc + `}]}`, `unknown key "Hrw_Seed"`},
+		{"services case", `{"Services": [{` + svc + `}]}`, `unknown key "Services"`},
+		{"service key case", withServices(`{` + svc + `, "Workers": 2}`), `services[0] ("coaps"): unknown key "Workers"`},
+		{"limits key case", withServices(`{` + svc + `, "limits": {"Global_PPS": 1}}`), `unknown key "Global_PPS"`},
+		{"kubernetes key case", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"Service": "x"}}`), `unknown key "Service"`},
+		{"duplicate top-level key", `{"hrw_seed": 1, "hrw_seed": 2, "services": [{` + svc + `}]}`, `repeated key "hrw_seed"`},
+		{"duplicate service key", withServices(`{` + svc + `, "listen": "127.0.0.1:5685"}`), `services[0] ("coaps"): repeated key "listen"`},
+		{"duplicate limits key", withServices(`{` + svc + `, "limits": {"global_pps": 1, "global_pps": 0}}`), `repeated key "global_pps"`},
+		{"duplicate services", `{"services": [{` + svc + `}], "services": [{` + svc + `}]}`, `repeated key "services"`},
+		{"broadcast listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "255.255.255.255:5684", "backends_file": "f"}`), "broadcast"},
+		{"bad unroutable", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "backends_file": "f", "unroutable": "route"}`), `unroutable "route"`},
+		{"unroutable for dtls", withServices(`{` + svc + `, "unroutable": "drop"}`), "quic services only"},
+		// Durations have lower bounds.
+		{"tiny session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "3ns"}`), `session_idle "3ns": want at least 1s`},
+		{"tiny registry age", withServices(`{` + svc + `, "max_registry_age": "4ns"}`), `max_registry_age "4ns": want "0s" (off) or at least 3s`},
+		{"zero session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "0s"}`), `session_idle "0s"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -185,29 +215,29 @@ func TestLoadConfigBackendsFile(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644))
 	}
 	write("c.json", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends_file": "b.json"}`))
-	c, err := loadConfig(path)
+	c, err := loadConfig(context.Background(), path)
 	require.NoError(t, err)
 	require.Equal(t, filepath.Join(dir, "b.json"), c.Services[0].BackendsFile, "relative to the config file")
-	require.Error(t, c.checkBackendFiles(), "missing file")
+	require.Error(t, c.checkBackendFiles(context.Background()), "missing file")
 
 	write("b.json", `[{"ordinal": 1, "address": "1.1.1.1:1"}, {"ordinal": 1, "address": "1.1.1.2:1"}]`)
-	err = c.checkBackendFiles()
+	err = c.checkBackendFiles(context.Background())
 	require.ErrorIs(t, err, registry.ErrDuplicateOrdinal)
 	require.Contains(t, err.Error(), `service "a": backends_file`)
 
 	write("b.json", `[]`)
-	require.ErrorContains(t, c.checkBackendFiles(), "empty list")
+	require.ErrorIs(t, c.checkBackendFiles(context.Background()), registry.ErrEmptyList)
 
 	write("b.json", `[{"ordinal": 1, "address": "1.1.1.1:1"}]`)
-	require.NoError(t, c.checkBackendFiles())
+	require.NoError(t, c.checkBackendFiles(context.Background()))
 
-	_, err = loadConfig(filepath.Join(dir, "missing.json"))
+	_, err = loadConfig(context.Background(), filepath.Join(dir, "missing.json"))
 	require.True(t, errors.Is(err, os.ErrNotExist))
 }
 
 func TestExampleConfig(t *testing.T) {
-	c, err := loadConfig("../../cidproxy/example.json")
+	c, err := loadConfig(context.Background(), "../../cidproxy/example.json")
 	require.NoError(t, err)
-	require.NoError(t, c.checkBackendFiles())
+	require.NoError(t, c.checkBackendFiles(context.Background()))
 	require.Len(t, c.Services, 2)
 }

@@ -39,7 +39,7 @@ var (
 		"1 while the registry is stale (new sessions refused, CID sessions still routed), else 0.",
 		[]string{"service"}, nil)
 	descRejected = prometheus.NewDesc("cidroute_registry_rejected_updates_total",
-		"Backend lists the registry rejected (invalid, duplicate ordinals or addresses).",
+		"Backend updates refused: invalid lists (duplicate ordinals or addresses, empty, ...) and backend files that could not be read or decoded.",
 		[]string{"service"}, nil)
 	descSessions = prometheus.NewDesc("cidroute_sessions",
 		"Transparent-mode sessions (one upstream socket per flow: client address and backend); always 0 with PROXY protocol.",

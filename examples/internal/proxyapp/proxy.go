@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/examples/internal/cidkeys"
@@ -90,11 +91,13 @@ func newProxy(cfg *config, log *slog.Logger, opts Options) (*proxy, error) {
 				Codec:       codec,
 				Backends:    reg,
 				Transparent: sc.Transparent,
+				Unroutable:  unroutable(sc.UnroutableHash),
 			},
-			Limits:      sc.Limits,
-			Workers:     sc.Workers,
-			MaxSessions: sc.MaxSessions,
-			SessionIdle: sc.SessionIdle,
+			Limits:       sc.Limits,
+			Workers:      sc.Workers,
+			MaxSessions:  sc.MaxSessions,
+			SessionIdle:  sc.SessionIdle,
+			JoinExisting: cfg.Join,
 		})
 	}
 	pipe, err := cidroute.New(pc)
@@ -124,6 +127,11 @@ func (p *proxy) run(ctx context.Context) error {
 	return err
 }
 
+// sourceStopWait bounds how long close waits for the sources, so that a
+// signal stops the process within 2 s whatever they do (a read stuck in
+// the kernel, a source that ignores its context).
+const sourceStopWait = time.Second
+
 // close stops the sources and the registries' timers, and the pipeline if
 // it never ran. It is idempotent.
 func (p *proxy) close() {
@@ -131,7 +139,16 @@ func (p *proxy) close() {
 		p.pipe.Close()
 	}
 	p.stopSources()
-	p.sources.Wait()
+	stopped := make(chan struct{})
+	go func() {
+		p.sources.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(sourceStopWait):
+		p.log.Error("a backend source did not stop within 1s; stopping without it", "wait", sourceStopWait)
+	}
 	for _, ps := range p.services {
 		ps.reg.Close()
 	}
@@ -188,4 +205,12 @@ func backendList(bs []registry.Backend) string {
 		fmt.Fprintf(&b, "%d=%v %v w%d", be.Ordinal, be.Addr, be.State, be.Weight)
 	}
 	return b.String()
+}
+
+// unroutable is the service's "unroutable" key as the router's policy.
+func unroutable(hash bool) cidroute.UnroutablePolicy {
+	if hash {
+		return cidroute.UnroutableHash
+	}
+	return cidroute.UnroutableDrop
 }

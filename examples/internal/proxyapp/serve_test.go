@@ -17,8 +17,9 @@ import (
 )
 
 // TestServeInProcess runs serve under the race detector (the black-box
-// test's binary is not built with it): a backends_file that changes, a
-// bad update, scrapes, and a stop by context.
+// test's binary is not built with it): a backends_file that changes, bad
+// updates of every kind (each counted and logged), scrapes, and a stop by
+// context.
 func TestServeInProcess(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "b.json")
@@ -73,6 +74,20 @@ func TestServeInProcess(t *testing.T) {
 	})
 	require.Equal(t, float64(2), ready(), "a bad file keeps the previous list")
 	require.Equal(t, float64(1), rejected())
+
+	// Every rejected file counts, decode errors too, and each cause is
+	// logged although they come within one log window.
+	for i, bad := range []struct{ body, cause string }{
+		{`[{"ordinal": 0, "address": `, "unexpected EOF"},
+		{`[{"ordinal": 0, "adress": "127.0.0.1:9"}]`, `unknown key \"adress\"`},
+		{`[{"ordinal": 255, "address": "127.0.0.1:9"}]`, "ordinal 255 is reserved"},
+		{`[]`, "empty backend list"},
+	} {
+		writeFile(bad.body)
+		waitFor(t, 5*time.Second, bad.cause, func() bool { return rejected() == float64(2+i) })
+		waitFor(t, 5*time.Second, "log of "+bad.cause, func() bool { return strings.Contains(logs.String(), bad.cause) })
+		require.Equal(t, float64(2), ready(), "the previous list stays")
+	}
 
 	cancel()
 	select {

@@ -1,0 +1,468 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/internal/testecho"
+
+	"github.com/cidroute/cidroute/internal/testtool"
+)
+
+// The hostile-input suite: each attack of the hardening review (issue 15)
+// replayed against the cidproxy binary, built and run as an operator runs
+// it. A case starts its own processes from its own config, attacks, and
+// checks what was refused and what was counted; every process it started
+// must then balance its counters (received = forwarded + Σ dropped, per
+// service and direction) and stop within 2 s of SIGTERM.
+//
+// A case is a hostileCase in hostileCases: its issue item, and a function
+// of the environment (the binary, a directory, PPv2 echo backends).
+//
+//	go test -run TestHostile -v ./examples/e2e/
+type hostileCase struct {
+	name string
+	item int // the item of issue 15
+	run  func(t *testing.T, env *hostileEnv)
+}
+
+var hostileCases = []hostileCase{
+	{"rejected reloads are counted and logged per cause", 4, attackRejectedReloads},
+	{"an empty backends_file keeps the live sessions", 5, attackEmptyBackendsFile},
+	{"tiny durations are refused", 6, attackTinyDurations},
+	{"a second instance does not join the port", 7, attackSecondInstance},
+	{"config key case, repeats and broadcast are refused", 9, attackConfigKeys},
+	{"a FIFO as backends_file blocks nothing", 10, attackFIFO},
+}
+
+func TestHostile(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "cidproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cidproxy").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, c := range hostileCases {
+		t.Run(fmt.Sprintf("15.%d %s", c.item, c.name), func(t *testing.T) {
+			c.run(t, newHostileEnv(t, bin))
+		})
+	}
+}
+
+// hostileEnv is what a case works with.
+type hostileEnv struct {
+	bin      string
+	dir      string
+	backends []*testecho.Echo // three PPv2 echo backends, ordinals 0-2
+}
+
+func newHostileEnv(t *testing.T, bin string) *hostileEnv {
+	env := &hostileEnv{bin: bin, dir: t.TempDir()}
+	for range 3 {
+		env.backends = append(env.backends, testecho.Start(t, testecho.Config{PPv2: true}))
+	}
+	return env
+}
+
+// backendList is the JSON list of the first n backends, all ready.
+func (env *hostileEnv) backendList(n int) string {
+	var l []string
+	for i, b := range env.backends[:n] {
+		l = append(l, fmt.Sprintf(`{"ordinal": %d, "address": "%v"}`, i, b.Addr()))
+	}
+	return "[" + strings.Join(l, ", ") + "]"
+}
+
+// write replaces a file of the environment atomically and returns its path.
+func (env *hostileEnv) write(t *testing.T, name, body string) string {
+	t.Helper()
+	path := filepath.Join(env.dir, name)
+	require.NoError(t, os.WriteFile(path+".tmp", []byte(body), 0o644))
+	require.NoError(t, os.Rename(path+".tmp", path))
+	return path
+}
+
+// check runs -check on the config body; a check that has not exited
+// within 5 s fails the test.
+func (env *hostileEnv) check(t *testing.T, body string) (code int, out string) {
+	t.Helper()
+	path := env.write(t, "check.json", body)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b, err := exec.CommandContext(ctx, env.bin, "-check", "-config", path).CombinedOutput()
+	require.NoError(t, ctx.Err(), "-check did not exit within 5 s")
+	if err == nil {
+		return 0, string(b)
+	}
+	ee, ok := err.(*exec.ExitError)
+	require.True(t, ok, "%v", err)
+	return ee.ExitCode(), string(b)
+}
+
+// A proxyProc is one running cidproxy.
+type proxyProc struct {
+	cmd     *exec.Cmd
+	logs    testtool.SyncBuffer
+	metrics string
+	exited  chan error
+	stopped bool
+}
+
+// start runs the binary on a config whose metrics_listen it fills in
+// (%METRICS%), waits until /metrics answers, and registers the stop and
+// the counter check for the end of the test.
+func (env *hostileEnv) start(t *testing.T, name, body string, args ...string) *proxyProc {
+	t.Helper()
+	p := &proxyProc{metrics: fmt.Sprintf("127.0.0.1:%d", testtool.FreePort(t, "tcp")), exited: make(chan error, 1)}
+	path := env.write(t, name+".json", strings.ReplaceAll(body, "%METRICS%", p.metrics))
+	p.cmd = exec.Command(env.bin, append(args, "-config", path)...)
+	p.cmd.Stderr = &p.logs
+	require.NoError(t, p.cmd.Start())
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if !p.stopped {
+			p.stop(t)
+		}
+		if t.Failed() {
+			t.Logf("%s log:\n%s", name, p.logs.String())
+		}
+	})
+	waitUntil(t, 10*time.Second, name+" metrics", func() bool {
+		select {
+		case err := <-p.exited:
+			p.exited <- err
+			t.Fatalf("%s exited at start: %v\n%s", name, err, p.logs.String())
+		default:
+		}
+		_, err := p.tryScrape()
+		return err == nil
+	})
+	return p
+}
+
+func (p *proxyProc) tryScrape() (map[string]float64, error) {
+	resp, err := http.Get("http://" + p.metrics + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return testtool.ParseMetrics(resp.Body)
+}
+
+func (p *proxyProc) scrape(t *testing.T) map[string]float64 {
+	t.Helper()
+	m, err := p.tryScrape()
+	require.NoError(t, err)
+	return m
+}
+
+// metric reads one series, "" labels meaning the service's "svc".
+func (p *proxyProc) metric(t *testing.T, series string) float64 {
+	return p.scrape(t)[series]
+}
+
+// balanced waits until every service's counters balance in both
+// directions (workers publish after each batch, so a scrape may run
+// ahead of an outcome for a moment) and returns the last scrape.
+func (p *proxyProc) balanced(t *testing.T) map[string]float64 {
+	t.Helper()
+	var m map[string]float64
+	var why string
+	ok := waitFor(10*time.Second, func() bool {
+		m = p.scrape(t)
+		why = imbalance(m)
+		return why == ""
+	})
+	require.True(t, ok, "counters do not balance: %s", why)
+	return m
+}
+
+// imbalance returns "" when received = Σ datagrams_total for every
+// service and direction in m.
+func imbalance(m map[string]float64) string {
+	sums := map[string]float64{}
+	for k, v := range m {
+		if rest, ok := strings.CutPrefix(k, "cidroute_datagrams_total{"); ok {
+			sums[seriesKey(rest)] += v
+		}
+	}
+	var bad []string
+	for k, v := range m {
+		if rest, ok := strings.CutPrefix(k, "cidroute_datagrams_received_total{"); ok {
+			if key := seriesKey(rest); sums[key] != v {
+				bad = append(bad, fmt.Sprintf("%s received %v, outcomes %v", key, v, sums[key]))
+			}
+		}
+	}
+	return strings.Join(bad, "; ")
+}
+
+// seriesKey keeps the direction and service labels of a label set.
+func seriesKey(labels string) string {
+	var dir, svc string
+	for _, l := range strings.Split(strings.TrimSuffix(labels, "}"), ",") {
+		switch {
+		case strings.HasPrefix(l, "direction="):
+			dir = l
+		case strings.HasPrefix(l, "service="):
+			svc = l
+		}
+	}
+	return svc + "," + dir
+}
+
+// stop sends SIGTERM and requires a clean exit within 2 s, after checking
+// that the counters balance.
+func (p *proxyProc) stop(t *testing.T) {
+	t.Helper()
+	p.stopped = true
+	select {
+	case err := <-p.exited:
+		t.Fatalf("exited before SIGTERM: %v", err)
+	default:
+	}
+	p.balanced(t)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-p.exited:
+		require.NoError(t, err, "exit status")
+	case <-time.After(2 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.exited
+		t.Fatal("did not exit within 2 s of SIGTERM")
+	}
+}
+
+// ordinal-first CIDs of 8 bytes, the DTLS default.
+var dtlsCIDs = dtls.OrdinalFirst{Length: 8}
+
+// cidRecord is a tls12_cid record of a session on backend ord.
+func cidRecord(t *testing.T, ord uint8, seq uint64) []byte {
+	cid, err := dtlsCIDs.AppendCID(nil, ord)
+	require.NoError(t, err)
+	return soakCIDRecord(cid, seq, []byte("session data"))
+}
+
+// echoes sends msg from a fresh socket and reports whether the echo came
+// back from service within a second.
+func echoes(t *testing.T, service netip.AddrPort, msg []byte) bool {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.WriteToUDPAddrPort(msg, service)
+	require.NoError(t, err)
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	buf := make([]byte, 2048)
+	n, from, err := c.ReadFromUDPAddrPort(buf)
+	return err == nil && from == service && string(buf[:n]) == string(msg)
+}
+
+func freeService(t *testing.T) netip.AddrPort {
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), testtool.FreePort(t, "udp"))
+}
+
+func waitUntil(t *testing.T, limit time.Duration, what string, ok func() bool) {
+	t.Helper()
+	if !waitFor(limit, ok) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+func waitFor(limit time.Duration, ok func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for !ok() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
+// startFromFile starts a proxy whose one DTLS service "svc" reads the
+// first n backends from backends.json, and waits until it has them.
+func (env *hostileEnv) startFromFile(t *testing.T, n int) (netip.AddrPort, *proxyProc) {
+	t.Helper()
+	env.write(t, "backends.json", env.backendList(n))
+	svc := freeService(t)
+	p := env.start(t, "proxy", fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
+		{"name": "svc", "protocol": "dtls", "listen": "%v", "workers": 1, "backends_file": "backends.json"}]}`, svc))
+	waitUntil(t, 10*time.Second, "backends", func() bool {
+		return p.metric(t, `cidroute_registry_backends{service="svc",state="ready"}`) == float64(n)
+	})
+	return svc, p
+}
+
+const rejectedSeries = `cidroute_registry_rejected_updates_total{service="svc"}`
+
+// 15.4: a hostile or careless writer of the backends file cycles through
+// distinct bad contents within one log window. Every one is counted, each
+// cause is logged, the sessions keep their backends.
+func attackRejectedReloads(t *testing.T, env *hostileEnv) {
+	svc, p := env.startFromFile(t, 2)
+	require.True(t, echoes(t, svc, cidRecord(t, 1, 1)))
+	for i, bad := range []struct{ body, cause string }{
+		{`[{"ordinal": 0, "address": `, "unexpected EOF"},
+		{`[{"ordinal": 0, "adress": "127.0.0.1:9"}]`, `unknown key \"adress\"`},
+		{`[{"ordinal": 255, "address": "127.0.0.1:9"}]`, "ordinal 255 is reserved"},
+		{`[{"ordinal": 1, "address": "127.0.0.1:9"}, {"ordinal": 1, "address": "127.0.0.1:10"}]`, "duplicate ordinal"},
+		{`{"ordinal": 0}`, "cannot unmarshal object"},
+		{"[" + strings.Repeat(" ", 1<<20) + "]", "larger than 1 MiB"},
+	} {
+		env.write(t, "backends.json", bad.body)
+		waitUntil(t, 10*time.Second, "rejection of "+bad.cause, func() bool { return p.metric(t, rejectedSeries) == float64(i+1) })
+		waitUntil(t, 10*time.Second, "log of "+bad.cause, func() bool { return strings.Contains(p.logs.String(), bad.cause) })
+		require.True(t, echoes(t, svc, cidRecord(t, 1, uint64(i+2))), "the session keeps its backend")
+	}
+	require.Equal(t, float64(1), p.metric(t, `cidroute_registry_snapshot_version{service="svc"}`), "no bad list was published")
+}
+
+// 15.5: the backends file is emptied while a session is live: refused
+// like an empty inline list, counted, and the session's datagrams keep
+// reaching its backend instead of dropping as unknown_ordinal.
+func attackEmptyBackendsFile(t *testing.T, env *hostileEnv) {
+	svc, p := env.startFromFile(t, 3)
+	require.True(t, echoes(t, svc, cidRecord(t, 2, 1)))
+	env.write(t, "backends.json", `[]`)
+	waitUntil(t, 10*time.Second, "rejection", func() bool { return p.metric(t, rejectedSeries) == 1 })
+	for seq := range uint64(5) {
+		require.True(t, echoes(t, svc, cidRecord(t, 2, seq+2)), "the live session still reaches its backend")
+	}
+	m := p.balanced(t)
+	require.Zero(t, m[`cidroute_datagrams_total{direction="forward",outcome="dropped",reason="unknown_ordinal",service="svc"}`])
+	require.Equal(t, float64(3), m[`cidroute_registry_backends{service="svc",state="ready"}`])
+	require.Contains(t, p.logs.String(), "empty backend list")
+
+	// -check and an inline list say the same.
+	code, out := env.check(t, fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "dtls", "listen": "%v", "backends_file": "backends.json"}]}`, svc))
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "empty backend list")
+	code, out = env.check(t, fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "dtls", "listen": "%v", "backends": []}]}`, svc))
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "empty backend list")
+}
+
+// 15.6: durations too short to work: session_idle 3ns panicked the
+// process at start (NewTicker), max_registry_age 4ns spun a CPU and wrote
+// tens of thousands of log lines. -check and a start refuse them, naming
+// the bound.
+func attackTinyDurations(t *testing.T, env *hostileEnv) {
+	env.write(t, "backends.json", env.backendList(1))
+	for _, tc := range []struct{ keys, want string }{
+		{`"proxy_protocol": false, "session_idle": "3ns"`, `session_idle "3ns": want at least 1s`},
+		{`"max_registry_age": "4ns"`, `max_registry_age "4ns": want "0s" (off) or at least 3s`},
+		{`"max_registry_age": "2999ms"`, `at least 3s`},
+	} {
+		body := fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "dtls", "listen": "%v", "backends_file": "backends.json", %s}]}`, freeService(t), tc.keys)
+		code, out := env.check(t, body)
+		require.Equal(t, 1, code, out)
+		require.Contains(t, out, tc.want)
+		// A start refuses it the same way, without a panic.
+		path := env.write(t, "run.json", body)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		b, err := exec.CommandContext(ctx, env.bin, "-config", path).CombinedOutput()
+		cancel()
+		require.Error(t, err)
+		require.Contains(t, string(b), tc.want)
+		require.NotContains(t, string(b), "panic")
+	}
+}
+
+// 15.7: a second cidproxy with other backends is started on the listen
+// address of a running one with workers > 1 (SO_REUSEPORT): it must fail
+// with a clear error, and the first keeps all the traffic. -join, the
+// handover opt-in, lets it in, and then the kernel spreads datagrams over
+// both.
+func attackSecondInstance(t *testing.T, env *hostileEnv) {
+	svc := freeService(t)
+	config := func(backends string) string {
+		return fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
+			{"name": "svc", "protocol": "dtls", "listen": "%v", "workers": 2, "backends": %s}]}`, svc, backends)
+	}
+	first := env.start(t, "first", config(env.backendList(1)))
+	// The intruder routes to its own backend (ordinal 0 at backend 2).
+	intruder := fmt.Sprintf(`[{"ordinal": 0, "address": "%v"}]`, env.backends[2].Addr())
+	path := env.write(t, "second.json", strings.ReplaceAll(config(intruder), "%METRICS%", fmt.Sprintf("127.0.0.1:%d", testtool.FreePort(t, "tcp"))))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	out, err := exec.CommandContext(ctx, env.bin, "-config", path).CombinedOutput()
+	require.NoError(t, ctx.Err(), "the second instance kept running:\n%s", out)
+	cancel()
+	require.Error(t, err, "the second instance started:\n%s", out)
+	require.Contains(t, string(out), "address already in use")
+	require.Contains(t, string(out), "-join")
+
+	const n = 64
+	for i := range n {
+		require.True(t, echoes(t, svc, cidRecord(t, 0, uint64(i))))
+	}
+	require.Equal(t, uint64(n), env.backends[0].Received(), "every datagram through the first instance")
+	require.Zero(t, env.backends[2].Received())
+
+	// With -join the operator asks for it: both instances take traffic.
+	second := env.start(t, "second", config(intruder), "-join")
+	got := 0
+	for i := range n {
+		if echoes(t, svc, cidRecord(t, 0, uint64(n+i))) {
+			got++
+		}
+	}
+	require.Equal(t, n, got)
+	require.Positive(t, env.backends[2].Received(), "the joined instance received some")
+	require.Greater(t, env.backends[0].Received(), uint64(n), "the first instance still receives")
+	first.balanced(t)
+	second.balanced(t)
+}
+
+// 15.9: keys that encoding/json would take (another case, a repeat that
+// overrides the first) and a broadcast listen address.
+func attackConfigKeys(t *testing.T, env *hostileEnv) {
+	svc := fmt.Sprintf(`{"name": "svc", "protocol": "dtls", "listen": "%v", "backends": %s}`, freeService(t), env.backendList(1))
+	for _, tc := range []struct{ body, want string }{
+		{`{"hrw_seed": 1, "HRW_SEED": 2, "services": [` + svc + `]}`, `unknown key "HRW_SEED" (keys are lower case: "hrw_seed")`},
+		{`{"hrw_seed": 1, "hrw_seed": 2, "services": [` + svc + `]}`, `repeated key "hrw_seed"`},
+		{`{"services": [` + svc[:len(svc)-1] + `, "Workers": 2}]}`, `unknown key "Workers"`},
+		{`{"services": [` + svc[:len(svc)-1] + `, "backends": []}]}`, `repeated key "backends"`},
+		{`{"services": [` + strings.Replace(svc, "127.0.0.1", "255.255.255.255", 1) + `]}`, "broadcast"},
+	} {
+		code, out := env.check(t, tc.body)
+		require.Equal(t, 1, code, "accepted: %s", tc.body)
+		require.Contains(t, out, tc.want)
+	}
+}
+
+// 15.10: a FIFO as backends_file made -check wait for a writer forever and
+// a running proxy ignore SIGTERM. Both now refuse it at once; the running
+// proxy counts it and stops within 2 s (stop checks that).
+func attackFIFO(t *testing.T, env *hostileEnv) {
+	fifo := filepath.Join(env.dir, "backends.json")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	t.Cleanup(func() { // unblock a reader, should the test fail
+		if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+	})
+	svc := freeService(t)
+	code, out := env.check(t, fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "dtls", "listen": "%v", "backends_file": "backends.json"}]}`, svc))
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "not a regular file")
+
+	p := env.start(t, "proxy", fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
+		{"name": "svc", "protocol": "dtls", "listen": "%v", "workers": 1, "backends_file": "backends.json"}]}`, svc))
+	waitUntil(t, 10*time.Second, "rejection", func() bool { return p.metric(t, rejectedSeries) >= 1 })
+	require.Contains(t, p.logs.String(), "not a regular file")
+	// Traffic meets an empty registry and is counted.
+	require.False(t, echoes(t, svc, cidRecord(t, 0, 1)))
+}
