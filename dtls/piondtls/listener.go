@@ -234,16 +234,20 @@ func (l *PacketListener) readLoop() {
 			return
 		}
 		ap := a.(*backend.Addr)
-		s := l.route(buf[:n], ap)
+		s, byCID := l.route(buf[:n], ap)
 		if s == nil {
 			continue
+		}
+		if byCID || !s.hasCID.Load() {
+			s.latest.Store(ap)
 		}
 		s.deliver(buf[:n], ap)
 	}
 }
 
-// route finds or creates the session of datagram b from a.
-func (l *PacketListener) route(b []byte, a *backend.Addr) *session {
+// route finds or creates the session of datagram b from a; byCID reports
+// that it was found by the CID of a tls12_cid record.
+func (l *PacketListener) route(b []byte, a *backend.Addr) (s *session, byCID bool) {
 	cidLen := l.cfg.CIDLen
 	if cidLen == 0 {
 		cidLen = dtls.MinCIDLen // no tls12_cid records expected; any is malformed for pion too
@@ -251,40 +255,40 @@ func (l *PacketListener) route(b []byte, a *backend.Addr) *session {
 	cl, err := dtls.Classify(b, cidLen)
 	if err != nil {
 		l.st.malformed.Add(1)
-		return nil
+		return nil, false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if cl.Kind == dtls.KindEstablished && l.cfg.CIDLen > 0 {
 		if s := l.byCID[string(cl.CID)]; s != nil {
 			l.st.delivered.Add(1)
-			return s
+			return s, true
 		}
 	}
 	if s := l.byClient[a.Client]; s != nil {
 		l.st.delivered.Add(1)
-		return s
+		return s, false
 	}
 	if !cl.ClientHello {
 		l.st.noSession.Add(1)
-		return nil
+		return nil, false
 	}
 	if l.closed {
 		l.st.backlog.Add(1)
-		return nil
+		return nil, false
 	}
-	s := l.newSession(a)
+	s = l.newSession(a)
 	select {
 	case l.accept <- s:
 	default:
 		l.st.backlog.Add(1)
-		return nil
+		return nil, false
 	}
 	l.byClient[a.Client] = s
 	l.sessions++
 	l.st.newSessions.Add(1)
 	l.st.delivered.Add(1)
-	return s
+	return s, false
 }
 
 // endSession removes s from the demultiplexer; l.mu is not held.
@@ -323,6 +327,9 @@ type session struct {
 	client netip.AddrPort // the client address it is keyed by
 	cid    string         // the CID it issued, once seen in its ServerHello
 	cidB   []byte         // the same bytes, for Commit
+
+	hasCID atomic.Bool                  // cid is set
+	latest atomic.Pointer[backend.Addr] // the newest datagram's address (see WriteTo)
 
 	rdl, wdl  *deadline.Deadline
 	closed    chan struct{}
@@ -382,12 +389,17 @@ func (s *session) WriteTo(b []byte, addr net.Addr) (int, error) {
 	if !ok {
 		return s.l.conn.WriteTo(b, addr)
 	}
+	if v := s.latest.Load(); v != nil && v.Proxy != a.Proxy && v.Client == a.Client && v.Service == a.Service && a.Proxied() {
+		// Same client, newer proxy: the replica before may be gone.
+		a = v
+	}
 	l := s.l
 	l.mu.Lock()
 	if s.cid == "" && l.cfg.CIDLen > 0 {
 		if cid, ok := serverHelloCID(b); ok && len(cid) == l.cfg.CIDLen {
 			s.cid, s.cidB = string(cid), []byte(string(cid))
 			l.byCID[s.cid] = s
+			s.hasCID.Store(true)
 		}
 	}
 	if a.Client != s.client {

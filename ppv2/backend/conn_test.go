@@ -31,7 +31,7 @@ func TestProxiedClaimedAndMeasured(t *testing.T) {
 	assert.Equal(t, client1, a.Client, "claimed")
 	assert.Equal(t, px.addr(), a.Proxy, "measured")
 	assert.Equal(t, service, a.Service)
-	assert.Equal(t, client1.String(), a.String(), "String is the client's")
+	assert.Equal(t, client1.String()+" via "+px.addr().String(), a.String(), "String names the path: client and proxy")
 	assert.Equal(t, "udp", a.Network())
 	assert.True(t, a.Proxied())
 
@@ -140,6 +140,7 @@ func TestLocal(t *testing.T) {
 	b, a := read(t, c)
 	assert.Equal(t, "health?", string(b))
 	assert.Equal(t, Addr{Client: px.addr()}, *a)
+	assert.Equal(t, px.addr().String(), a.String(), "direct: String is the sender's")
 	_, err = c.WriteTo([]byte("ok"), a)
 	require.NoError(t, err)
 	assert.Equal(t, "ok", string(px.recv()))

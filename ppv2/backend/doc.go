@@ -11,11 +11,11 @@
 //     Config.TrustedProxies (else dropped, DroppedUntrusted) and the header
 //     parses (else DroppedBadHeader). A PROXY header is stripped and the
 //     reader gets the payload with an Addr that keeps the claimed client
-//     (Addr.Client, whose String is what stacks and logs see), the service
-//     address the proxy wrote as destination (Addr.Service) and the measured
-//     proxy (Addr.Proxy) apart. A LOCAL header (a proxy's own traffic, e.g.
-//     a health check) is delivered as a direct datagram from the proxy, as
-//     the protocol says, or dropped with Config.DropLocal.
+//     (Addr.Client), the service address the proxy wrote as destination
+//     (Addr.Service) and the measured proxy (Addr.Proxy) apart. A LOCAL
+//     header (a proxy's own traffic: a health probe) is delivered as a
+//     direct datagram from the proxy, as the protocol says, or dropped
+//     with Config.DropLocal.
 //   - Without it, Config.Direct decides: accept as direct (default, so PPv2
 //     can be enabled on backends before proxies), drop only datagrams that
 //     start a session (DTLS ClientHello, QUIC Initial/0-RTT; so no new client
@@ -27,14 +27,20 @@
 //
 // # Send: the reply path and the route table
 //
-// Two cases are kept apart, because mixing them in one mutable "client →
-// last proxy" entry lets a second request (Q2, via proxy B) redirect the reply
-// to a first one (Q1, via proxy A) that is still being processed:
+// A reply leaves through the proxy that most recently delivered an
+// authenticated datagram of its connection, so that a connection survives
+// the death of the proxy replica it came through: when the load balancer
+// re-hashes the client to another replica, the client's address does not
+// change, only the proxy does. The adapter cannot authenticate a datagram;
+// the DTLS or QUIC stack does, and moves the connection's peer address
+// after it did. So the proxy is part of the peer address the stack sees:
 //
-//   - A reply to a datagram is written to the Addr ReadFrom returned with it.
-//     It carries its own measured proxy, so it leaves through the proxy that
-//     delivered that datagram, with the reverse header (source = Addr.Service,
-//     destination = Addr.Client). No table is consulted.
+//   - A reply to a datagram is written to the Addr ReadFrom returned with
+//     it, or to the one the stack moved the connection to since. It carries
+//     its own measured proxy, and leaves through that proxy with the reverse
+//     header (source = Addr.Service, destination = Addr.Client). No table is
+//     consulted: a second request (Q2, via proxy B) cannot redirect the reply
+//     to a first one (Q1, via proxy A) to another client address.
 //   - A message the server starts later names only the client (a
 //     *net.UDPAddr, or WriteToCID with the session's connection ID), and goes
 //     through the route table: the newest committed route of that client
@@ -52,15 +58,24 @@
 //   - pion/dtls v3 writes every record to its Conn's remote address, which it
 //     sets when the session is created and moves only when an authenticated
 //     tls12_cid record with the newest sequence number arrives from another
-//     address (RFC 9146 §6). The piondtls package (dtls/piondtls) runs pion
-//     over a Conn and, on each such write, also commits the session's CID.
-//   - quic-go writes to a connection's active path, to which it switches only
-//     after path validation, and sends PATH_CHALLENGE probes only to
-//     addresses whose packets decrypted. quic-go compares non-UDPAddr
-//     addresses by String, that is by client address: a client that stays
-//     on its address but reaches the backend through another proxy replica
-//     keeps being answered through the first proxy, which works as long as
-//     that replica is up (replicas are interchangeable on the reverse path).
+//     address (RFC 9146 §6); it tells addresses apart by identity, and
+//     ReadFrom hands out one *Addr per (client, service, proxy), so a new
+//     proxy is a new address. The piondtls package (dtls/piondtls) runs pion
+//     over a Conn and, on each write, also commits the session's CID; it
+//     sends through the newest proxy of the session's client address in the
+//     moment before pion has moved the session, and for sessions without a
+//     CID, which pion never moves.
+//   - quic-go writes to a connection's active path. It tells paths apart by
+//     Addr.String, which names the client and the proxy: datagrams of the
+//     connection arriving through another proxy are a new path, which
+//     quic-go validates (PATH_CHALLENGE, answered only by the real client)
+//     and then switches to. When a replica dies, the stall is one PTO of the
+//     client at most (the retransmission that first reaches the new replica)
+//     plus one round trip for the validation, and the connection resets its
+//     congestion controller, as after any migration. quic-go validates a
+//     path with a connection ID the client issued and has not used yet;
+//     quic-go clients issue several, and a client with zero-length
+//     connection IDs needs none.
 //
 // Writes put the header and the payload in two iovecs of one datagram
 // (udpio); the payload is not copied. Writing to a *Addr allocates nothing.

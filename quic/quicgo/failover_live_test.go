@@ -1,0 +1,200 @@
+package quicgo_test
+
+// A proxy replica dies under a quic-go connection whose client address does
+// not change: the load balancer re-hashes the client to another replica,
+// and the backend's replies must follow it there.
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/internal/testproxy"
+	"github.com/cidroute/cidroute/ppv2/backend"
+	"github.com/cidroute/cidroute/quic/quicgo"
+	"github.com/cidroute/cidroute/registry"
+)
+
+// streamEcho is a quic-go server over a backend.Conn that echoes every
+// stream and records the connection's RemoteAddr after each echo.
+type streamEcho struct {
+	bc *backend.Conn
+	mu sync.Mutex
+	// remote is the connection's RemoteAddr after the last echo.
+	remote backend.Addr
+}
+
+func startStreamEcho(t *testing.T, tc *tls.Config) *streamEcho {
+	t.Helper()
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	bc, err := backend.New(udp, backend.Config{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Protocol: backend.QUIC})
+	require.NoError(t, err)
+	gen, err := quicgo.NewGenerator(nil, 0)
+	require.NoError(t, err)
+	tr := &quic.Transport{Conn: bc, ConnectionIDGenerator: gen}
+	ln, err := tr.Listen(tc, &quic.Config{})
+	require.NoError(t, err)
+	s := &streamEcho{bc: bc}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				for {
+					st, err := conn.AcceptStream(ctx)
+					if err != nil {
+						return
+					}
+					wg.Go(func() {
+						io.Copy(st, st)
+						st.Close()
+						s.mu.Lock()
+						s.remote = *conn.RemoteAddr().(*backend.Addr)
+						s.mu.Unlock()
+					})
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		cancel()
+		ln.Close()
+		tr.Close()
+		wg.Wait()
+		bc.Close()
+	})
+	return s
+}
+
+func (s *streamEcho) last() backend.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.remote
+}
+
+// frontConn is the client's one socket behind a load balancer: it sends to
+// the replica the balancer picks now and reports every reply as coming
+// from the public address. It hides *net.UDPConn's OOB methods from quic-go.
+type frontConn struct {
+	net.PacketConn
+	to     atomic.Pointer[netip.AddrPort]
+	public net.Addr
+}
+
+func (c *frontConn) pick(replica netip.AddrPort) { c.to.Store(&replica) }
+
+func (c *frontConn) WriteTo(b []byte, _ net.Addr) (int, error) {
+	return c.PacketConn.WriteTo(b, net.UDPAddrFromAddrPort(*c.to.Load()))
+}
+
+func (c *frontConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, _, err := c.PacketConn.ReadFrom(b)
+	return n, c.public, err
+}
+
+// echoStream opens a stream, writes msg, closes the write side and reads
+// the echo back.
+func echoStream(ctx context.Context, conn *quic.Conn, msg []byte) error {
+	st, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := st.Write(msg); err != nil {
+		return err
+	}
+	st.Close()
+	dl, _ := ctx.Deadline()
+	st.SetReadDeadline(dl)
+	got, err := io.ReadAll(st)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(got, msg) {
+		return fmt.Errorf("echo of %d bytes came back as %d bytes", len(msg), len(got))
+	}
+	return nil
+}
+
+// A quic-go connection runs through replica A; A dies (its pipeline and
+// sockets close) with a transfer in flight; the balancer sends the same
+// client address to replica B. The transfer completes, the next streams
+// succeed, and the backend's replies leave through B: quic-go sees the
+// proxy change as a new path (Addr.String names the proxy), validates it
+// and moves to it. Before, quic-go compared the paths by client address
+// only and wrote to dead A until the connection timed out.
+//
+// The stall is bounded by one PTO of the client (the retransmission that
+// first reaches B; a client with more to send reaches B at once) plus one
+// round trip for the path validation; on loopback about 30 ms.
+func TestQUICGoReplicaDies(t *testing.T) {
+	t.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
+	stc, ctc := tlsPair(t)
+	srv := startStreamEcho(t, stc)
+	bs := []registry.Backend{{Ordinal: 0, Addr: srv.bc.LocalAddr().(*net.UDPAddr).AddrPort(), Weight: 1, State: registry.Ready}}
+	svc := cidroute.Service{Name: "q", RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, Service: quicPublic}}
+	pipeA, a := testproxy.Start(t, 7, bs, svc)
+	pipeB, b := testproxy.Start(t, 7, bs, svc)
+	upA, upB := pipeA.UpstreamAddrs("q")[0], pipeB.UpstreamAddrs("q")[0]
+
+	u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	front := &frontConn{PacketConn: u, public: net.UDPAddrFromAddrPort(quicPublic)}
+	front.pick(a)
+	ctr := &quic.Transport{Conn: front}
+	defer ctr.Close()
+	// The idle timeout is longer than the test's deadline: a connection
+	// that stalls fails the test instead of timing out quietly.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	conn, err := ctr.Dial(ctx, net.UDPAddrFromAddrPort(quicPublic), ctc, &quic.Config{MaxIdleTimeout: time.Minute})
+	require.NoError(t, err)
+	defer conn.CloseWithError(0, "")
+	for i := range 5 {
+		require.NoError(t, echoStream(ctx, conn, fmt.Appendf(nil, "before %d", i)))
+	}
+	before := srv.last()
+	require.Equal(t, upA.Port(), before.Proxy.Port(), "through A")
+	client := before.Client
+
+	// A transfer in flight when A dies.
+	bulk := bytes.Repeat([]byte("cidroute"), 32<<10) // 256 KiB
+	bulkErr := make(chan error, 1)
+	go func() { bulkErr <- echoStream(ctx, conn, bulk) }()
+	time.Sleep(5 * time.Millisecond)
+
+	st := conn.ConnectionStats()
+	pto := st.SmoothedRTT + max(4*st.MeanDeviation, time.Millisecond) + 25*time.Millisecond // RFC 9002 §6.2.1, quic-go's max_ack_delay
+	require.NoError(t, pipeA.Close())
+	died := time.Now()
+	front.pick(b)
+	require.NoError(t, echoStream(ctx, conn, []byte("after")), "first stream after A died")
+	stall := time.Since(died)
+	require.NoError(t, <-bulkErr, "the transfer in flight when A died")
+	for i := range 5 {
+		require.NoError(t, echoStream(ctx, conn, fmt.Appendf(nil, "after %d", i)))
+	}
+	t.Logf("first echo %v after A died (client PTO %v, smoothed RTT %v)", stall.Round(time.Microsecond), pto.Round(time.Microsecond), st.SmoothedRTT)
+
+	after := srv.last()
+	assert.Equal(t, client, after.Client, "same client address")
+	assert.Equal(t, upB.Port(), after.Proxy.Port(), "the connection's replies moved to B")
+	assert.Equal(t, quicPublic, after.Service)
+}
