@@ -10,7 +10,10 @@ import "net/netip"
 //   - Proxy is the measured sender of a proxied datagram (a fact: the
 //     socket reported it), zero for a direct one;
 //   - Service is the PPv2 destination, the public service address the
-//     client sent to; it becomes the source of the reply header.
+//     client sent to; it becomes the source of the reply header;
+//   - Local is set for a datagram that came with a PPv2 LOCAL header from a
+//     trusted proxy (a health probe, see the package documentation): Client
+//     is then the proxy's measured address, and replies go straight to it.
 //
 // Nothing about identity should depend on Client. Log Client and Proxy as
 // fields; String is for protocol stacks (see String).
@@ -21,6 +24,7 @@ type Addr struct {
 	Client  netip.AddrPort
 	Service netip.AddrPort
 	Proxy   netip.AddrPort
+	Local   bool
 }
 
 // Network returns "udp".

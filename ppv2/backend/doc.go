@@ -8,20 +8,24 @@
 // Each datagram is sniffed for the PPv2 signature ("sniff, don't require"):
 //
 //   - With the signature, it is accepted only when its measured sender is in
-//     Config.TrustedProxies (else dropped, DroppedUntrusted) and the header
-//     parses (else DroppedBadHeader). A PROXY header is stripped and the
+//     Config.TrustedProxies (else dropped, DroppedUntrusted, and logged at
+//     most every 10 s with the sender and the trusted set: a client of a
+//     backend whose trusted set misses the proxies sees only a handshake
+//     timeout) and the header parses (else DroppedBadHeader). A PROXY header is stripped and the
 //     reader gets the payload with an Addr that keeps the claimed client
 //     (Addr.Client), the service address the proxy wrote as destination
 //     (Addr.Service) and the measured proxy (Addr.Proxy) apart. A LOCAL
 //     header (a proxy's own traffic: a health probe) is delivered as a
-//     direct datagram from the proxy, as the protocol says, or dropped
-//     with Config.DropLocal.
+//     direct datagram from the proxy, as the protocol says, with
+//     Addr.Local set, or dropped with Config.DropLocal.
 //   - Without it, Config.Direct decides: accept as direct (default, so PPv2
 //     can be enabled on backends before proxies), drop only datagrams that
 //     start a session (DTLS ClientHello, QUIC Initial/0-RTT; so no new client
 //     bypasses the proxy tier), or drop all.
 //
-// Every datagram is counted once (Stats). Reading allocates nothing in steady
+// DefaultTrustedProxies is loopback only; ParseTrustedProxies reads a list
+// of the proxies' networks from a flag. Every datagram is counted once
+// (Stats). Reading allocates nothing in steady
 // state: ReadFrom hands out a shared *Addr per (client, service, proxy), and
 // ReadFromAddr returns the Addr by value.
 //
@@ -79,6 +83,42 @@
 //
 // Writes put the header and the payload in two iovecs of one datagram
 // (udpio); the payload is not copied. Writing to a *Addr allocates nothing.
+//
+// # Health probes
+//
+// A proxy tells a live backend from a dead one by the protocol, not by the
+// port: it sends through the same PPv2 path as client traffic the first
+// datagram of a session, and a backend whose DTLS or QUIC stack works
+// answers it without opening a session. The contract, for the prober:
+//
+//   - The datagram is a PPv2 header with the LOCAL command (0x20, the
+//     command the PROXY protocol defines for a proxy's own health checks;
+//     family and addresses unspecified, 16 bytes), then the payload.
+//   - It is sent from an address in the backend's TrustedProxies (a LOCAL
+//     header from anyone else is dropped as untrusted). The answer comes
+//     back to that address and port without a PPv2 header, since LOCAL
+//     means "use the real connection endpoints": send from a socket of the
+//     prober's own, not the proxy's upstream socket, whose reverse path
+//     would drop a reply without a header.
+//   - DTLS: the payload is a ClientHello in one epoch-0 record (version fe
+//     ff or fe fd); a healthy backend answers with a datagram whose first
+//     record is a HelloVerifyRequest or a ServerHello (handshake types 3
+//     and 2).
+//   - QUIC: the payload is a long-header packet with a version reserved
+//     for negotiation (0x?a?a?a?a, RFC 9000 §15), a destination connection
+//     ID of 8 to 20 random bytes and a source connection ID, padded to at
+//     least 1200 bytes (servers ignore smaller ones); a healthy backend
+//     answers with a Version Negotiation packet (version 0) whose
+//     connection IDs are the probe's, swapped.
+//   - Anything else, or nothing within the prober's timeout, is a failure.
+//     A backend that drains (it takes no new sessions) stops answering, so
+//     that a probe-down backend and a draining one are treated alike.
+//
+// The backend keeps no state and writes no log line per probe: the Conn
+// delivers the payload as from Addr{Client: prober, Local: true}; quic-go
+// answers a reserved version with Version Negotiation statelessly; the
+// piondtls listener answers a LOCAL ClientHello with pion's own first
+// flight from a handshake it then discards, and opens no session.
 //
 // # quic-go
 //
