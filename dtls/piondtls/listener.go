@@ -343,8 +343,9 @@ type session struct {
 	cid    string         // the CID it issued, once seen in its ServerHello
 	cidB   []byte         // the same bytes, for Commit
 
-	hasCID atomic.Bool                  // cid is set
-	latest atomic.Pointer[backend.Addr] // the newest datagram's address (see WriteTo)
+	hasCID      atomic.Bool                  // cid is set
+	latest      atomic.Pointer[backend.Addr] // the newest datagram's address (see WriteTo)
+	established atomic.Bool                  // the server has sent a record of epoch 1 or later
 
 	rdl, wdl  *deadline.Deadline
 	closed    chan struct{}
@@ -407,6 +408,9 @@ func (s *session) WriteTo(b []byte, addr net.Addr) (int, error) {
 	if v := s.latest.Load(); v != nil && v.Proxy != a.Proxy && v.Client == a.Client && v.Service == a.Service && a.Proxied() {
 		// Same client, newer proxy: the replica before may be gone.
 		a = v
+	}
+	if !s.established.Load() && sealed(b) {
+		s.established.Store(true)
 	}
 	l := s.l
 	l.mu.Lock()

@@ -140,9 +140,13 @@ func (l *Listener) Stats() Stats { return l.pl.Stats() }
 // closes those left: pion sends close_notify on each established one, and
 // its client can open a new session, which the proxies send elsewhere.
 //
-// It returns the number of sessions it closed (also counted in
-// Stats.Cut), 0 when every session ended by itself. Accept returns
-// ErrClosed from the start of Drain.
+// It returns the number of established sessions it closed (also counted
+// in Stats.Cut), 0 when every session ended by itself. Handshakes still
+// unfinished at the deadline are closed too but not counted: their client
+// has no session yet, and goes on with another backend (a ClientHello
+// retransmitted after the cookie exchange reaches a ready backend once the
+// proxies see this one draining). Accept returns ErrClosed from the start
+// of Drain.
 func (l *Listener) Drain(ctx context.Context) (cut int) {
 	l.pl.Close()
 	for {
@@ -160,16 +164,19 @@ func (l *Listener) Drain(ctx context.Context) (cut int) {
 		break
 	}
 	l.mu.Lock()
-	left := make([]*pion.Conn, 0, len(l.conns))
-	for _, c := range l.conns {
-		left = append(left, c)
+	left := make(map[*session]*pion.Conn, len(l.conns))
+	for s, c := range l.conns {
+		left[s] = c
 	}
 	l.mu.Unlock()
-	for _, c := range left {
+	for s, c := range left {
+		if s.established.Load() {
+			cut++
+		}
 		c.Close()
 	}
-	l.pl.st.cut.Add(uint64(len(left)))
-	return len(left)
+	l.pl.st.cut.Add(uint64(cut))
+	return cut
 }
 
 // nopConn and nopAddr let ListenWithOptions check the options.
