@@ -10,7 +10,13 @@
 // Without -psk it runs in certificate mode, with -cert/-key or with a
 // self-signed certificate generated at start. It logs the claimed client
 // address and the measured proxy address apart, once per session event
-// (started, moved, ended), never per datagram. SIGINT or SIGTERM stops it.
+// (started, moved, ended), never per datagram.
+//
+// SIGTERM (or SIGINT) drains it, as a StatefulSet's rolling restart asks:
+// new sessions are refused at once, open ones are served until they end or
+// -drain-timeout (110 s, below the manifests' 120 s grace period) passes,
+// and those left are closed with close_notify and counted. A second signal
+// cuts them at once.
 package main
 
 import (
@@ -30,15 +36,24 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stderr, nil)
-	stop()
-	os.Exit(code)
+	// The first SIGTERM or SIGINT drains, a second one stops at once.
+	drain, startDrain := context.WithCancel(context.Background())
+	kill, stopNow := context.WithCancel(context.Background())
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		startDrain()
+		<-sig
+		stopNow()
+	}()
+	os.Exit(run(drain, kill, os.Args[1:], os.Stderr, nil))
 }
 
-// run is main without the process. started, when set, is called with the
-// running server.
-func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtlsecho.Server)) int {
+// run is main without the process: it serves until drain is done, then
+// drains for -drain-timeout or until kill is done. started, when set, is
+// called with the running server.
+func run(drain, kill context.Context, args []string, stderr io.Writer, started func(*dtlsecho.Server)) int {
 	fs := flag.NewFlagSet("dtls-backend", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var common backendcfg.Flags
@@ -86,11 +101,18 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtl
 		return 1
 	}
 	log.Info("dtls-backend started", "ordinal", cfg.Ordinal, "ordinal_from", set.OrdinalFrom, "listen", srv.Addr(),
-		"mode", mode, "cid_len", cfg.CIDLen, "trusted_proxies", common.Trusted, "direct", common.Direct)
+		"mode", mode, "cid_len", cfg.CIDLen, "trusted_proxies", common.Trusted, "direct", common.Direct, "drain_timeout", set.DrainTimeout)
 	if started != nil {
 		started(srv)
 	}
-	<-ctx.Done()
+	<-drain.Done()
+	open := srv.Open()
+	log.Info("dtls-backend draining: new sessions are refused, open ones are served until they end or the drain timeout", "open", open, "drain_timeout", set.DrainTimeout)
+	dctx, cancel := context.WithTimeout(kill, set.DrainTimeout)
+	start := time.Now()
+	cut := srv.Drain(dctx)
+	cancel()
+	log.Info("dtls-backend drained", "ended", open-cut, "cut", cut, "took", time.Since(start).Round(time.Millisecond))
 	srv.Close()
 	st, dm := srv.Stats()
 	log.Info("dtls-backend stopped", "sessions", dm.NewSessions,

@@ -11,7 +11,12 @@
 // It uses -cert/-key or a self-signed certificate generated at start. It
 // logs the claimed client address and the measured proxy address apart,
 // once per connection event (started, moved, ended), never per packet.
-// SIGINT or SIGTERM stops it.
+//
+// SIGTERM (or SIGINT) drains it, as a StatefulSet's rolling restart asks:
+// new connections are refused at once, open ones are served until they end
+// or -drain-timeout (110 s, below the manifests' 120 s grace period)
+// passes, and those left are closed with CONNECTION_CLOSE and counted. A
+// second signal cuts them at once.
 package main
 
 import (
@@ -24,6 +29,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
 	"github.com/cidroute/cidroute/examples/internal/quicecho"
@@ -31,15 +37,24 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stderr, nil)
-	stop()
-	os.Exit(code)
+	// The first SIGTERM or SIGINT drains, a second one stops at once.
+	drain, startDrain := context.WithCancel(context.Background())
+	kill, stopNow := context.WithCancel(context.Background())
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		startDrain()
+		<-sig
+		stopNow()
+	}()
+	os.Exit(run(drain, kill, os.Args[1:], os.Stderr, nil))
 }
 
-// run is main without the process. started, when set, is called with the
-// running server.
-func run(ctx context.Context, args []string, stderr io.Writer, started func(*quicecho.Server)) int {
+// run is main without the process: it serves until drain is done, then
+// drains for -drain-timeout or until kill is done. started, when set, is
+// called with the running server.
+func run(drain, kill context.Context, args []string, stderr io.Writer, started func(*quicecho.Server)) int {
 	fs := flag.NewFlagSet("quic-backend", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var common backendcfg.Flags
@@ -79,11 +94,18 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*qui
 		return 1
 	}
 	log.Info("quic-backend started", "ordinal", cfg.Ordinal, "ordinal_from", set.OrdinalFrom, "listen", srv.Addr(),
-		"alpn", strings.Join(cfg.ALPN, ","), "certificate", cert, "cid_len", *cidLen, "trusted_proxies", common.Trusted, "direct", common.Direct)
+		"alpn", strings.Join(cfg.ALPN, ","), "certificate", cert, "cid_len", *cidLen, "trusted_proxies", common.Trusted, "direct", common.Direct, "drain_timeout", set.DrainTimeout)
 	if started != nil {
 		started(srv)
 	}
-	<-ctx.Done()
+	<-drain.Done()
+	open := srv.Open()
+	log.Info("quic-backend draining: new connections are refused, open ones are served until they end or the drain timeout", "open", open, "drain_timeout", set.DrainTimeout)
+	dctx, cancel := context.WithTimeout(kill, set.DrainTimeout)
+	start := time.Now()
+	cut := srv.Drain(dctx)
+	cancel()
+	log.Info("quic-backend drained", "ended", open-cut, "cut", cut, "took", time.Since(start).Round(time.Millisecond))
 	srv.Close()
 	st := srv.Stats()
 	log.Info("quic-backend stopped", "connections", len(srv.Connections()),

@@ -7,37 +7,28 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/cidroute/cidroute/ppv2/backend"
 )
 
-// DefaultTrusted are the networks the example backends accept PPv2
-// headers from unless told otherwise: loopback and the private ranges a
-// cluster network uses. Narrow them to the proxies' addresses in
-// production: a trusted sender can claim any client address.
-const DefaultTrusted = "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7"
-
-// ParsePrefixes parses a comma-separated list of prefixes or addresses (an
-// address is a one-address prefix). An empty string is an empty list.
-func ParsePrefixes(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for f := range strings.SplitSeq(s, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		if p, err := netip.ParsePrefix(f); err == nil {
-			out = append(out, p)
-			continue
-		}
-		a, err := netip.ParseAddr(f)
-		if err != nil {
-			return nil, fmt.Errorf("trusted proxy %q: not a prefix or address", f)
-		}
-		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+// DefaultTrusted is the -trusted-proxies default: backend's
+// DefaultTrustedProxies, loopback only, for proxies on the same host. In a
+// cluster name the proxies' pod network instead (-trusted-proxies
+// 10.244.0.0/16, the CIDR the cidproxy pods get their addresses from):
+// every host in a trusted network can claim any client address.
+var DefaultTrusted = func() string {
+	var ps []string
+	for _, p := range backend.DefaultTrustedProxies() {
+		ps = append(ps, p.String())
 	}
-	return out, nil
-}
+	return strings.Join(ps, ",")
+}()
+
+// DefaultDrainTimeout is the -drain-timeout default: below the 120 s
+// terminationGracePeriodSeconds of the example manifests, so that the
+// sessions left are closed cleanly before the kubelet kills the pod.
+const DefaultDrainTimeout = 110 * time.Second
 
 // ParseDirect parses the direct-datagram policy: "accept", "no-handshake"
 // or "drop".
@@ -67,6 +58,7 @@ func Logger(w io.Writer, level string) (*slog.Logger, error) {
 type Flags struct {
 	Listen, Trusted, Direct, Level string
 	Ordinal                        int
+	DrainTimeout                   time.Duration
 }
 
 // Register defines the flags on fs. listen is the default address, pod an
@@ -75,9 +67,10 @@ type Flags struct {
 func (f *Flags) Register(fs *flag.FlagSet, listen, pod, initials string) {
 	fs.StringVar(&f.Listen, "listen", listen, "UDP `address` to listen on")
 	fs.IntVar(&f.Ordinal, "ordinal", -1, "the backend's ordinal 0-254; -1 takes it from the HOSTNAME suffix ("+pod+" → 2)")
-	fs.StringVar(&f.Trusted, "trusted-proxies", DefaultTrusted, "comma-separated `prefixes` allowed to send PROXY v2 headers")
+	fs.StringVar(&f.Trusted, "trusted-proxies", DefaultTrusted, "comma-separated `networks` allowed to send PROXY v2 headers: the proxies' (e.g. their pod CIDR, 10.244.0.0/16); the default is loopback only")
 	fs.StringVar(&f.Direct, "direct", "accept", "datagrams without PROXY v2: accept, no-handshake (drop direct "+initials+") or drop")
 	fs.StringVar(&f.Level, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&f.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, refuse new sessions and serve the open ones this long, then close them; keep it below the pod's termination grace period")
 }
 
 // Settings are the flags parsed.
@@ -88,6 +81,7 @@ type Settings struct {
 	Listen         netip.AddrPort
 	TrustedProxies []netip.Prefix
 	Direct         backend.DirectPolicy
+	DrainTimeout   time.Duration
 }
 
 // Parse checks that fs, already parsed, has no arguments left and parses
@@ -105,11 +99,15 @@ func (f *Flags) Parse(fs *flag.FlagSet, stderr io.Writer) (Settings, error) {
 		return s, err
 	}
 	if s.Listen, err = netip.ParseAddrPort(f.Listen); err != nil {
-		return s, err
+		return s, fmt.Errorf("-listen: %w", err)
 	}
-	if s.TrustedProxies, err = ParsePrefixes(f.Trusted); err != nil {
-		return s, err
+	if s.TrustedProxies, err = backend.ParseTrustedProxies(f.Trusted); err != nil {
+		return s, fmt.Errorf("-trusted-proxies: %w", err)
 	}
+	if f.DrainTimeout < 0 {
+		return s, fmt.Errorf("-drain-timeout %v: must not be negative", f.DrainTimeout)
+	}
+	s.DrainTimeout = f.DrainTimeout
 	s.Direct, err = ParseDirect(f.Direct)
 	return s, err
 }
