@@ -27,8 +27,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
@@ -36,17 +34,7 @@ import (
 )
 
 func main() {
-	// The first SIGTERM or SIGINT drains, a second one stops at once.
-	drain, startDrain := context.WithCancel(context.Background())
-	kill, stopNow := context.WithCancel(context.Background())
-	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		startDrain()
-		<-sig
-		stopNow()
-	}()
+	drain, kill := backendcfg.Signals()
 	os.Exit(run(drain, kill, os.Args[1:], os.Stderr, nil))
 }
 
@@ -105,15 +93,7 @@ func run(drain, kill context.Context, args []string, stderr io.Writer, started f
 	if started != nil {
 		started(srv)
 	}
-	<-drain.Done()
-	open := srv.Open()
-	log.Info("dtls-backend draining: new sessions are refused, open ones are served until they end or the drain timeout", "open", open, "drain_timeout", set.DrainTimeout)
-	dctx, cancel := context.WithTimeout(kill, set.DrainTimeout)
-	start := time.Now()
-	cut := srv.Drain(dctx)
-	cancel()
-	log.Info("dtls-backend drained", "ended", open-cut, "cut", cut, "took", time.Since(start).Round(time.Millisecond))
-	srv.Close()
+	backendcfg.Stop(drain, kill, srv, set.DrainTimeout, log, "dtls-backend", "sessions")
 	st, dm := srv.Stats()
 	log.Info("dtls-backend stopped", "sessions", dm.NewSessions,
 		"proxied", st.AcceptedProxied, "direct", st.AcceptedDirect, "dropped", st.Dropped(),

@@ -59,27 +59,87 @@ func (l *rollLog) fail(format string, args ...any) {
 	l.mu.Unlock()
 }
 
-// roller is the protocol under the roll.
+// rolled is a backend under the roll: the DTLS or the QUIC echo server.
+type rolled interface {
+	Addr() netip.AddrPort
+	Drain(ctx context.Context) (cut int)
+	Close() error
+}
+
+// roller runs the roll: three backends behind two replicas, the load, and
+// what the clients saw.
 type roller struct {
 	t        *testing.T
 	rs       []*replica
 	bs       []registry.Backend
-	draining atomic.Int32 // the ordinal draining now, -1 for none
+	listen   func(k uint8) rolled
+	accepted func(rolled) int // sessions a backend has accepted, or nil when it cannot tell (see TestRollingRestartQUIC)
+	draining atomic.Int32     // the ordinal draining now, -1 for none
 	log      rollLog
+
+	mu   sync.Mutex
+	srvs []rolled
 }
 
-func newRoller(t *testing.T, rs []*replica, bs []registry.Backend) *roller {
-	r := &roller{t: t, rs: rs, bs: bs}
+// newRoller starts backends 0, 1 and 2 with listen and two replicas of
+// proto in front of them.
+func newRoller(t *testing.T, proto cidroute.Protocol, listen func(k uint8) rolled, accepted func(rolled) int) *roller {
+	r := &roller{t: t, listen: listen, accepted: accepted}
 	r.draining.Store(-1)
+	for k := range uint8(3) {
+		r.srvs = append(r.srvs, listen(k))
+		r.bs = append(r.bs, registry.Backend{Ordinal: k, Addr: r.srvs[k].Addr()})
+	}
+	r.rs = startReplicas(t, 2, proto, r.bs)
 	return r
 }
 
-// roll restarts every backend in turn: drain(k) stops backend k (it
-// returns the sessions it cut, and the sessions it accepted meanwhile),
-// restart(k) starts its successor and returns its address. Before each
-// drain, pin(k) opens a session on backend k and returns the rest of it,
-// which runs during the drain and must lose nothing.
-func (r *roller) roll(pin func(k uint8) func() error, drain func(k uint8) (cut, newSessions int), restart func(k uint8) netip.AddrPort) (cut int) {
+// load starts `long` long sessions (it returns once each has made its
+// first exchange) and three workers of short sessions; stop ends them and
+// waits.
+func (r *roller) load(long int, longFn func(i int, stop <-chan struct{}, ready chan<- struct{}), shortFn func(w int, stop <-chan struct{})) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	ready := make(chan struct{}, long)
+	for i := range long {
+		wg.Go(func() { longFn(i, done, ready) })
+	}
+	for range long {
+		<-ready
+	}
+	for w := range 3 {
+		wg.Go(func() { shortFn(w, done) })
+	}
+	time.Sleep(300 * time.Millisecond)
+	return func() { close(done); wg.Wait() }
+}
+
+// drain is backend k's SIGTERM: it drains for rollDrain and exits. It
+// returns the sessions it cut and those it accepted meanwhile.
+func (r *roller) drain(ctx context.Context, k uint8) (cut, accepted int) {
+	r.mu.Lock()
+	s := r.srvs[k]
+	r.mu.Unlock()
+	var before int
+	if r.accepted != nil {
+		before = r.accepted(s)
+	}
+	dctx, cancel := context.WithTimeout(ctx, rollDrain)
+	cut = s.Drain(dctx)
+	cancel()
+	if r.accepted != nil {
+		accepted = r.accepted(s) - before
+	}
+	s.Close()
+	return cut, accepted
+}
+
+// roll restarts every backend in turn, as a StatefulSet rolls: the
+// registry says draining, the backend drains and exits, the registry says
+// gone, and a successor with the same ordinal starts at a new address.
+// Before each drain, pin(k) opens a session on backend k and returns the
+// rest of it, which runs during the drain and must lose nothing.
+func (r *roller) roll(ctx context.Context, pin func(k uint8) func() error) (cut int) {
 	t := r.t
 	for k := len(r.bs) - 1; k >= 0; k-- {
 		ord := uint8(k)
@@ -89,7 +149,7 @@ func (r *roller) roll(pin func(k uint8) func() error, drain func(k uint8) (cut, 
 		r.draining.Store(int32(k))
 		pinned := make(chan error, 1)
 		go func() { pinned <- rest() }()
-		c, fresh := drain(ord)
+		c, fresh := r.drain(ctx, ord)
 		assert.NoError(t, <-pinned, "a session of backend %d that ended within its drain", k)
 		assert.Zero(t, fresh, "backend %d accepted new sessions while draining", k)
 		cut += c
@@ -102,7 +162,11 @@ func (r *roller) roll(pin func(k uint8) func() error, drain func(k uint8) (cut, 
 		gone := append(append([]registry.Backend(nil), r.bs[:k]...), r.bs[k+1:]...)
 		setBackends(t, r.rs, gone)
 		r.draining.Store(-1) // before its successor, of the same ordinal, is ready
-		r.bs[k] = registry.Backend{Ordinal: ord, Addr: restart(ord)}
+		s := r.listen(ord)
+		r.mu.Lock()
+		r.srvs[k] = s
+		r.mu.Unlock()
+		r.bs[k] = registry.Backend{Ordinal: ord, Addr: s.Addr()}
 		setBackends(t, r.rs, r.bs)
 		t.Logf("backend %d: drained, %d sessions cut, restarted at %v", k, c, r.bs[k].Addr)
 		time.Sleep(300 * time.Millisecond) // let the load reach the new one
@@ -134,44 +198,25 @@ func TestRollingRestartDTLS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	var gen [3]int
-	listen := func(k uint8) *dtlsecho.Server {
+	r := newRoller(t, cidroute.DTLS, func(k uint8) rolled {
 		s, err := dtlsecho.Listen(dtlsecho.Config{Ordinal: k, PSK: testPSK, TrustedProxies: loopback,
 			Direct: backend.DirectNoHandshake, Prefix: fmt.Sprintf("%d|", instance(k, gen[k]))})
 		require.NoError(t, err)
 		gen[k]++
 		t.Cleanup(func() { s.Close() })
 		return s
-	}
-	var srvs []*dtlsecho.Server
-	var bs []registry.Backend
-	for k := range uint8(3) {
-		srvs = append(srvs, listen(k))
-		bs = append(bs, registry.Backend{Ordinal: k, Addr: srvs[k].Addr()})
-	}
-	rs := startReplicas(t, 2, cidroute.DTLS, bs)
-	r := newRoller(t, rs, bs)
-	var srvMu sync.Mutex
-
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	}, func(s rolled) int {
+		_, st := s.(*dtlsecho.Server).Stats()
+		return int(st.NewSessions)
+	})
 	const long = 12
-	ready := make(chan struct{}, long)
-	for i := range long {
-		wg.Go(func() { r.longDTLS(ctx, i, stop, ready) })
-	}
-	for range long {
-		<-ready
-	}
-	for w := range 3 {
-		wg.Go(func() { r.shortDTLS(ctx, w, stop) })
-	}
-	time.Sleep(300 * time.Millisecond)
-
-	cut := r.roll(func(k uint8) func() error {
+	stop := r.load(long, func(i int, stop <-chan struct{}, ready chan<- struct{}) { r.longDTLS(ctx, i, stop, ready) },
+		func(w int, stop <-chan struct{}) { r.shortDTLS(ctx, w, stop) })
+	cut := r.roll(ctx, func(k uint8) func() error {
 		// A session on backend k, found by trying client addresses.
 		for try := 0; ; try++ {
 			require.Less(t, try, 100, "no client address hashes to backend %d", k)
-			c, err := dialDTLS(ctx, rs[try%2].addr)
+			c, err := dialDTLS(ctx, r.rs[try%2].addr)
 			require.NoError(t, err)
 			if inst, _, err := dtlsAsk(c, "pin"); err == nil && ordinalOf(inst) == int(k) {
 				return func() error {
@@ -185,26 +230,8 @@ func TestRollingRestartDTLS(t *testing.T) {
 			}
 			c.conn.Close()
 		}
-	}, func(k uint8) (int, int) {
-		srvMu.Lock()
-		s := srvs[k]
-		srvMu.Unlock()
-		_, before := s.Stats()
-		dctx, dcancel := context.WithTimeout(ctx, rollDrain)
-		c := s.Drain(dctx)
-		dcancel()
-		_, after := s.Stats()
-		s.Close()
-		return c, int(after.NewSessions - before.NewSessions)
-	}, func(k uint8) netip.AddrPort {
-		s := listen(k)
-		srvMu.Lock()
-		srvs[k] = s
-		srvMu.Unlock()
-		return s.Addr()
 	})
-	close(stop)
-	wg.Wait()
+	stop()
 	r.check(cut, long)
 }
 
@@ -365,11 +392,15 @@ func TestRollingRestartQUIC(t *testing.T) {
 	t.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	// Each server records which messages it echoed: the ordinal that
+	// Each server records which messages it echoed: the instance that
 	// served a connection is the one that echoed its first message.
 	var served sync.Map // message → instance
 	var gen [3]int
-	listen := func(k uint8) *quicecho.Server {
+	// quic-go accepts a connection whose handshake completed before the
+	// drain but was queued for Accept: counting accepted connections
+	// cannot tell it from a new one. The clients check instead, and the
+	// listener, closed by Drain, refuses handshakes in flight.
+	r := newRoller(t, cidroute.QUIC, func(k uint8) rolled {
 		inst := instance(k, gen[k])
 		gen[k]++
 		s, err := quicecho.Listen(quicecho.Config{Ordinal: k, TrustedProxies: loopback,
@@ -377,42 +408,20 @@ func TestRollingRestartQUIC(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() })
 		return s
-	}
-	var srvs []*quicecho.Server
-	var bs []registry.Backend
-	for k := range uint8(3) {
-		srvs = append(srvs, listen(k))
-		bs = append(bs, registry.Backend{Ordinal: k, Addr: srvs[k].Addr()})
-	}
-	rs := startReplicas(t, 2, cidroute.QUIC, bs)
-	r := newRoller(t, rs, bs)
-	var srvMu sync.Mutex
+	}, nil)
 	instanceOf := func(msg string) int {
 		if o, ok := served.Load(msg); ok {
 			return o.(int)
 		}
 		return -1
 	}
-
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	const long = 12
-	ready := make(chan struct{}, long)
-	for i := range long {
-		wg.Go(func() { r.longQUIC(ctx, i, stop, ready, instanceOf) })
-	}
-	for range long {
-		<-ready
-	}
-	for w := range 3 {
-		wg.Go(func() { r.shortQUIC(ctx, w, stop, instanceOf) })
-	}
-	time.Sleep(300 * time.Millisecond)
-
-	cut := r.roll(func(k uint8) func() error {
+	stop := r.load(long, func(i int, stop <-chan struct{}, ready chan<- struct{}) { r.longQUIC(ctx, i, stop, ready, instanceOf) },
+		func(w int, stop <-chan struct{}) { r.shortQUIC(ctx, w, stop, instanceOf) })
+	cut := r.roll(ctx, func(k uint8) func() error {
 		for try := 0; ; try++ {
 			require.Less(t, try, 100, "no connection lands on backend %d", k)
-			c, err := dialQUICConn(ctx, rs[try%2].addr)
+			c, err := dialQUICConn(ctx, r.rs[try%2].addr)
 			require.NoError(t, err)
 			msg := fmt.Sprintf("pin %d/%d", k, try)
 			if _, err := c.echo(msg); err == nil && ordinalOf(instanceOf(msg)) == int(k) {
@@ -423,28 +432,8 @@ func TestRollingRestartQUIC(t *testing.T) {
 			}
 			c.close()
 		}
-	}, func(k uint8) (int, int) {
-		// quic-go accepts a connection whose handshake completed before
-		// the drain but was queued for Accept: counting connections here
-		// cannot tell it from a new one. The clients check instead, and
-		// the listener, closed by Drain, refuses handshakes in flight.
-		srvMu.Lock()
-		s := srvs[k]
-		srvMu.Unlock()
-		dctx, dcancel := context.WithTimeout(ctx, rollDrain)
-		c := s.Drain(dctx)
-		dcancel()
-		s.Close()
-		return c, 0
-	}, func(k uint8) netip.AddrPort {
-		s := listen(k)
-		srvMu.Lock()
-		srvs[k] = s
-		srvMu.Unlock()
-		return s.Addr()
 	})
-	close(stop)
-	wg.Wait()
+	stop()
 	r.check(cut, long)
 }
 

@@ -26,10 +26,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
-	"time"
 
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
 	"github.com/cidroute/cidroute/examples/internal/quicecho"
@@ -37,17 +34,7 @@ import (
 )
 
 func main() {
-	// The first SIGTERM or SIGINT drains, a second one stops at once.
-	drain, startDrain := context.WithCancel(context.Background())
-	kill, stopNow := context.WithCancel(context.Background())
-	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		startDrain()
-		<-sig
-		stopNow()
-	}()
+	drain, kill := backendcfg.Signals()
 	os.Exit(run(drain, kill, os.Args[1:], os.Stderr, nil))
 }
 
@@ -98,15 +85,7 @@ func run(drain, kill context.Context, args []string, stderr io.Writer, started f
 	if started != nil {
 		started(srv)
 	}
-	<-drain.Done()
-	open := srv.Open()
-	log.Info("quic-backend draining: new connections are refused, open ones are served until they end or the drain timeout", "open", open, "drain_timeout", set.DrainTimeout)
-	dctx, cancel := context.WithTimeout(kill, set.DrainTimeout)
-	start := time.Now()
-	cut := srv.Drain(dctx)
-	cancel()
-	log.Info("quic-backend drained", "ended", open-cut, "cut", cut, "took", time.Since(start).Round(time.Millisecond))
-	srv.Close()
+	backendcfg.Stop(drain, kill, srv, set.DrainTimeout, log, "quic-backend", "connections")
 	st := srv.Stats()
 	log.Info("quic-backend stopped", "connections", len(srv.Connections()),
 		"proxied", st.AcceptedProxied, "direct", st.AcceptedDirect, "dropped", st.Dropped(), "dropped_untrusted", st.DroppedUntrusted)

@@ -24,7 +24,6 @@ import (
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/internal/testproxy"
 	"github.com/cidroute/cidroute/ppv2/backend"
-	"github.com/cidroute/cidroute/quic/quicgo"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -39,47 +38,13 @@ type streamEcho struct {
 
 func startStreamEcho(t *testing.T, tc *tls.Config) *streamEcho {
 	t.Helper()
-	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	bc, err := backend.New(udp, backend.Config{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Protocol: backend.QUIC})
-	require.NoError(t, err)
-	gen, err := quicgo.NewGenerator(nil, 0)
-	require.NoError(t, err)
-	tr := &quic.Transport{Conn: bc, ConnectionIDGenerator: gen}
-	ln, err := tr.Listen(tc, &quic.Config{})
-	require.NoError(t, err)
-	s := &streamEcho{bc: bc}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			conn, err := ln.Accept(ctx)
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				for {
-					st, err := conn.AcceptStream(ctx)
-					if err != nil {
-						return
-					}
-					wg.Go(func() {
-						io.Copy(st, st)
-						st.Close()
-						s.mu.Lock()
-						s.remote = *conn.RemoteAddr().(*backend.Addr)
-						s.mu.Unlock()
-					})
-				}
-			})
-		}
-	})
-	t.Cleanup(func() {
-		cancel()
-		ln.Close()
-		tr.Close()
-		wg.Wait()
-		bc.Close()
+	s := &streamEcho{}
+	s.bc = serveQUIC(t, 0, tc, func(conn *quic.Conn, st *quic.Stream) {
+		io.Copy(st, st)
+		st.Close()
+		s.mu.Lock()
+		s.remote = *conn.RemoteAddr().(*backend.Addr)
+		s.mu.Unlock()
 	})
 	return s
 }

@@ -1,12 +1,16 @@
 package backendcfg
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cidroute/cidroute/ppv2/backend"
@@ -110,4 +114,43 @@ func (f *Flags) Parse(fs *flag.FlagSet, stderr io.Writer) (Settings, error) {
 	s.DrainTimeout = f.DrainTimeout
 	s.Direct, err = ParseDirect(f.Direct)
 	return s, err
+}
+
+// Signals returns the contexts a backend stops by: drain is done at the
+// first SIGTERM or SIGINT, kill at the second.
+func Signals() (drain, kill context.Context) {
+	drain, startDrain := context.WithCancel(context.Background())
+	kill, stopNow := context.WithCancel(context.Background())
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		startDrain()
+		<-sig
+		stopNow()
+	}()
+	return drain, kill
+}
+
+// A Drainer is a server that drains: the DTLS and QUIC echo servers.
+type Drainer interface {
+	Open() int                           // sessions not ended yet
+	Drain(ctx context.Context) (cut int) // refuse new sessions, serve the open ones until ctx is done
+	Close() error
+}
+
+// Stop waits until drain is done, then drains srv for timeout or until
+// kill is done, and closes it; it logs both steps as name, counting
+// sessions as unit ("sessions", "connections").
+func Stop(drain, kill context.Context, srv Drainer, timeout time.Duration, log *slog.Logger, name, unit string) {
+	<-drain.Done()
+	open := srv.Open()
+	log.Info(name+" draining: new "+unit+" are refused, open ones are served until they end or the drain timeout",
+		"open", open, "drain_timeout", timeout)
+	ctx, cancel := context.WithTimeout(kill, timeout)
+	start := time.Now()
+	cut := srv.Drain(ctx)
+	cancel()
+	log.Info(name+" drained", "ended", open-cut, "cut", cut, "took", time.Since(start).Round(time.Millisecond))
+	srv.Close()
 }
