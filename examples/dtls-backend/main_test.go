@@ -7,6 +7,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+	"github.com/cidroute/cidroute/ppv2"
 
 	"github.com/cidroute/cidroute/internal/testtool"
 )
@@ -174,4 +176,26 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 	out, err := runDrain(t, true, "-listen", "127.0.0.1:0", "-ordinal", "1", "-psk", "73656372", "-drain-timeout", "1h")
 	require.ErrorIs(t, err, io.EOF)
 	require.Contains(t, out, `msg="dtls-backend drained" ended=0 cut=1`)
+}
+
+// A proxied datagram from a sender outside -trusted-proxies is dropped and
+// said in the log, with the sender and the trusted list: otherwise the
+// client would see only a handshake timeout.
+func TestUntrustedProxyLogged(t *testing.T) {
+	srv, logs := start(t, "-listen", "127.0.0.1:0", "-ordinal", "1", "-psk", "73656372", "-trusted-proxies", "192.0.2.1")
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer udp.Close()
+	hdr, err := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy,
+		Src: netip.MustParseAddrPort("198.51.100.7:40001"), Dst: netip.MustParseAddrPort("192.0.2.10:5684")})
+	require.NoError(t, err)
+	_, err = udp.WriteToUDPAddrPort(append(hdr, "hello"...), srv.Addr())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "outside the trusted proxies") }, 5*time.Second, time.Millisecond)
+	out := logs.String()
+	require.Contains(t, out, "level=WARN")
+	require.Contains(t, out, "sender="+udp.LocalAddr().String())
+	require.Contains(t, out, "trusted_proxies=[192.0.2.1/32]")
+	st, _ := srv.Stats()
+	require.Equal(t, uint64(1), st.DroppedUntrusted)
 }

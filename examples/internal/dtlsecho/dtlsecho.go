@@ -150,6 +150,7 @@ func Listen(cfg Config) (*Server, error) {
 	bc, err := echobase.Listen(cfg.Listen, backend.Config{
 		TrustedProxies: cfg.TrustedProxies,
 		Direct:         cfg.Direct,
+		Logger:         log,
 		Protocol:       backend.DTLS,
 		CIDLen:         cfg.CIDLen,
 	})

@@ -130,6 +130,7 @@ func Listen(cfg Config) (*Server, error) {
 	bc, err := echobase.Listen(cfg.Listen, backend.Config{
 		TrustedProxies: cfg.TrustedProxies,
 		Direct:         cfg.Direct,
+		Logger:         log,
 		Protocol:       backend.QUIC,
 		CIDLen:         gen.ConnectionIDLen(),
 	})
