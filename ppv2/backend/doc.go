@@ -73,13 +73,15 @@
 //     Addr.String, which names the client and the proxy: datagrams of the
 //     connection arriving through another proxy are a new path, which
 //     quic-go validates (PATH_CHALLENGE, answered only by the real client)
-//     and then switches to. When a replica dies, the stall is one PTO of the
-//     client at most (the retransmission that first reaches the new replica)
-//     plus one round trip for the validation, and the connection resets its
-//     congestion controller, as after any migration. quic-go validates a
-//     path with a connection ID the client issued and has not used yet;
-//     quic-go clients issue several, and a client with zero-length
-//     connection IDs needs none.
+//     and then switches to. When a replica dies, the stall is one PTO of
+//     the client (until its next packet reaches the new replica) plus one
+//     round trip for the validation; up to three PTOs when a bulk transfer
+//     has the client congestion-blocked, which delays its PATH_RESPONSE to
+//     its next, doubled PTO. The connection then resets its congestion
+//     controller, as after any migration. quic-go validates a path with
+//     a connection ID the client issued and has not used yet; quic-go
+//     clients issue several, and a client with zero-length connection IDs
+//     needs none.
 //
 // Writes put the header and the payload in two iovecs of one datagram
 // (udpio); the payload is not copied. Writing to a *Addr allocates nothing.
