@@ -102,10 +102,12 @@
 //     means "use the real connection endpoints": send from a socket of the
 //     prober's own, not the proxy's upstream socket, whose reverse path
 //     would drop a reply without a header.
-//   - DTLS: the payload is a ClientHello in one epoch-0 record (version fe
-//     ff or fe fd); a healthy backend answers with a datagram whose first
-//     record is a HelloVerifyRequest or a ServerHello (handshake types 3
-//     and 2).
+//   - DTLS: the payload is a ClientHello (client_version DTLS 1.2, fe fd,
+//     no cookie) in one epoch-0 record (record version fe ff or fe fd); a
+//     healthy backend answers with a datagram whose first record is a
+//     HelloVerifyRequest or a ServerHello (handshake types 3 and 2). Offer
+//     the cipher suites the backends use: a server that skips the cookie
+//     exchange answers a ClientHello it shares no suite with by an alert.
 //   - QUIC: the payload is a long-header packet with a version reserved
 //     for negotiation (0x?a?a?a?a, RFC 9000 §15), a destination connection
 //     ID of 8 to 20 random bytes and a source connection ID, padded to at
