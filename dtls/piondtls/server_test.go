@@ -74,6 +74,7 @@ func serveEcho(t *testing.T, ln *Listener, bc *backend.Conn) *echoListener {
 		}
 	}()
 	t.Cleanup(func() {
+		ln.Close()
 		ln.Drain(canceled())
 		e.wg.Wait()
 		bc.Close()
@@ -288,7 +289,7 @@ func TestDrain(t *testing.T) {
 	fresh, err := pion.Client(sc, sc.remote, ccfg)
 	require.NoError(t, err)
 	hctx, hcancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	assert.Error(t, fresh.HandshakeContext(hctx), "a new session on a draining backend")
+	require.Error(t, fresh.HandshakeContext(hctx), "a new session on a draining backend")
 	hcancel()
 	fresh.Close()
 	assert.NotZero(t, e.ln.Stats().DroppedBacklog)
@@ -312,9 +313,10 @@ func TestDrain(t *testing.T) {
 	_, err = ln.Accept()
 	assert.ErrorIs(t, err, ErrClosed)
 	require.Eventually(t, func() bool {
+		bc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
 		_, _, err := bc.ReadFrom(make([]byte, 10))
 		return errors.Is(err, net.ErrClosed)
-	}, 5*time.Second, 10*time.Millisecond, "the socket closes after the last session")
+	}, 5*time.Second, 20*time.Millisecond, "the socket closes after the last session")
 }
 
 // Drain returns at once, cutting nothing, when no session is open.
