@@ -2,13 +2,17 @@
 // a backend.Conn (the PROXY protocol v2 adapter) instead of a *net.UDPConn,
 // which pion's own dtls.Listen requires.
 //
-// A PacketListener reads the backend.Conn and demultiplexes datagrams into
-// one net.PacketConn per DTLS session (by the CID of a tls12_cid record
-// first, then by the claimed client address; a ClientHello from an unknown
-// address starts a session), for pion's dtls.NewListener. Listen does both.
-// The server's Config.ConnectionIDGenerator should come from Generator, so
-// that every CID carries the backend's ordinal and the proxies route
-// established sessions by it.
+// Listen (pion's Config) and ListenWithOptions (pion v3.1's options) return
+// a Listener whose Accept gives one *pion.Conn per DTLS session. The
+// server's connection ID generator should come from Generator, so that
+// every CID carries the backend's ordinal and the proxies route
+// established sessions by it. Below the Listener, a PacketListener
+// demultiplexes the socket's datagrams into one net.PacketConn per session
+// (by the CID of a tls12_cid record first, then by the claimed client
+// address; a ClientHello from an unknown address starts a session), for
+// users who call pion themselves.
+//
+// # Sessions follow their client and their proxy
 //
 // Sessions learn their CID from the ServerHello pion sends (its
 // connection_id extension). pion moves a session's remote address only
@@ -17,9 +21,30 @@
 // That write is where the session is re-keyed under the new client address
 // and the route is committed in the backend.Conn, with the CID, so a
 // forged datagram, which pion rejects, cannot move a session or its
-// replies. Each dtls.Conn's RemoteAddr is a *backend.Addr: the claimed
-// client (String) and the measured proxy, kept apart.
+// replies. Each pion.Conn's RemoteAddr is a *backend.Addr: the claimed
+// client and the measured proxy, kept apart.
+//
+// When the client's address stays and only its proxy changes (the replica
+// it came through died, and the load balancer re-hashed the client), a
+// session's replies go through the proxy of its newest datagram that
+// carried the session's CID, a datagram only the client or its path can
+// produce; for a session without a CID, which pion never moves, through
+// the proxy of its newest datagram.
+//
+// # Health probes and draining
+//
+// A ClientHello under a PPv2 LOCAL header is a proxy's health probe (the
+// contract is in the backend package's documentation): the Listener
+// answers it with pion's own first flight, a HelloVerifyRequest (or the
+// ServerHello when the server skips the cookie exchange), from a handshake
+// it then discards. No session is opened, nothing reaches Accept, nothing
+// is logged.
+//
+// Listener.Drain is a graceful stop: new sessions are refused, probes go
+// unanswered, the accepted sessions are served until they end or the
+// drain's deadline passes, and those left are closed with close_notify and
+// counted, so that their clients open new sessions elsewhere.
 //
 // The package keeps pion out of the core: only this package and its users
-// compile pion.
+// compile pion, imported here as pion (pion.Config, pion.ServerOption).
 package piondtls

@@ -5,7 +5,7 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/pion/dtls/v3"
+	pion "github.com/pion/dtls/v3"
 
 	"github.com/cidroute/cidroute/dtls/piondtls"
 	"github.com/cidroute/cidroute/ppv2/backend"
@@ -17,7 +17,7 @@ import (
 // address in RemoteAddr and the proxy beside it.
 func Example() {
 	psk := func([]byte) ([]byte, error) { return []byte("secret"), nil }
-	suites := []dtls.CipherSuiteID{dtls.TLS_PSK_WITH_AES_128_CCM_8}
+	suites := []pion.CipherSuiteID{pion.TLS_PSK_WITH_AES_128_CCM_8}
 
 	udp, _ := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	conn, err := backend.New(udp, backend.Config{
@@ -28,7 +28,7 @@ func Example() {
 		panic(err)
 	}
 	gen, _ := piondtls.Generator(2, 0) // this backend's ordinal: 2
-	ln, err := piondtls.Listen(conn, &dtls.Config{PSK: psk, PSKIdentityHint: []byte("server"),
+	ln, err := piondtls.Listen(conn, &pion.Config{PSK: psk, PSKIdentityHint: []byte("server"),
 		CipherSuites: suites, ConnectionIDGenerator: gen})
 	if err != nil {
 		panic(err)
@@ -47,8 +47,8 @@ func Example() {
 		c.Read(buf) // until the client closes: our close_notify could overtake the reply
 	}()
 
-	cl, err := dtls.Dial("udp", ln.Addr().(*net.UDPAddr), &dtls.Config{PSK: psk, PSKIdentityHint: []byte("client"),
-		CipherSuites: suites, ConnectionIDGenerator: dtls.OnlySendCIDGenerator()})
+	cl, err := pion.Dial("udp", ln.Addr().(*net.UDPAddr), &pion.Config{PSK: psk, PSKIdentityHint: []byte("client"),
+		CipherSuites: suites, ConnectionIDGenerator: pion.OnlySendCIDGenerator()})
 	if err != nil {
 		panic(err)
 	}
@@ -59,4 +59,51 @@ func Example() {
 	fmt.Println(string(buf[:n]))
 	// Output:
 	// hello (proxied: false)
+}
+
+// The same server with pion v3.1's options instead of its deprecated
+// Config: the CID length is given beside them.
+func ExampleListenWithOptions() {
+	udp, _ := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	conn, err := backend.New(udp, backend.Config{TrustedProxies: backend.DefaultTrustedProxies(), Protocol: backend.DTLS})
+	if err != nil {
+		panic(err)
+	}
+	gen, _ := piondtls.Generator(2, 8) // ordinal 2, 8-byte CIDs
+	ln, err := piondtls.ListenWithOptions(conn, piondtls.Config{CIDLen: 8},
+		pion.WithPSK(func([]byte) ([]byte, error) { return []byte("secret"), nil }),
+		pion.WithPSKIdentityHint([]byte("server")),
+		pion.WithCipherSuites(pion.TLS_PSK_WITH_AES_128_CCM_8),
+		pion.WithConnectionIDGenerator(gen))
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 100)
+		n, _ := c.Read(buf)
+		c.Write(buf[:n])
+		c.Read(buf)
+	}()
+
+	cl, err := pion.DialWithOptions("udp", ln.Addr().(*net.UDPAddr),
+		pion.WithPSK(func([]byte) ([]byte, error) { return []byte("secret"), nil }),
+		pion.WithPSKIdentityHint([]byte("client")),
+		pion.WithCipherSuites(pion.TLS_PSK_WITH_AES_128_CCM_8),
+		pion.WithConnectionIDGenerator(pion.OnlySendCIDGenerator()))
+	if err != nil {
+		panic(err)
+	}
+	defer cl.Close()
+	cl.Write([]byte("options"))
+	buf := make([]byte, 100)
+	n, _ := cl.Read(buf)
+	fmt.Println(string(buf[:n]))
+	// Output:
+	// options
 }

@@ -6,13 +6,13 @@ go 1.24.0
 require (
 	github.com/cidroute/cidroute v0.0.0
 	github.com/pion/dtls/v3 v3.1.15
+	github.com/pion/logging v0.2.4
 	github.com/pion/transport/v5 v5.0.0
 	github.com/stretchr/testify v1.12.1
 )
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/pion/logging v0.2.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.48.0 // indirect
 	golang.org/x/net v0.50.0 // indirect

@@ -72,3 +72,22 @@ func helloCID(f []byte) ([]byte, bool) {
 	}
 	return nil, false
 }
+
+// sealed reports whether the server's datagram b holds a record of epoch 1
+// or later: the server sent its Finished, the first record of epoch 1, so
+// its side of the handshake is done. A tls12_cid record (its CID length is
+// the client's, unknown here) is always of a later epoch.
+func sealed(b []byte) bool {
+	const header = 13 // type(1) version(2) epoch(2) sequence(6) length(2)
+	for len(b) >= header {
+		if b[0] == byte(dtls.TLS12CID) || b[3] != 0 || b[4] != 0 {
+			return true
+		}
+		n := header + (int(b[11])<<8 | int(b[12]))
+		if n > len(b) {
+			return false
+		}
+		b = b[n:]
+	}
+	return false
+}

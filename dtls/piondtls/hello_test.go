@@ -47,3 +47,17 @@ func FuzzServerHelloCID(f *testing.F) {
 		}
 	})
 }
+
+func TestSealed(t *testing.T) {
+	for file, want := range map[string]bool{
+		"pion_server_hello.hex":  false, // epoch 0 only
+		"pion_clienthello_1.hex": false,
+		"pion_flight5.hex":       true, // ChangeCipherSpec, then Finished in epoch 1
+		"pion_appdata.hex":       true,
+		"pion_close_notify.hex":  true,
+	} {
+		assert.Equal(t, want, sealed(testtool.ReadHex(t, "../testdata/"+file)), file)
+	}
+	assert.False(t, sealed(nil))
+	assert.False(t, sealed([]byte{22, 0xfe, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 200, 1}), "truncated")
+}

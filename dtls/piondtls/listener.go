@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	piondtls "github.com/pion/dtls/v3"
+	pion "github.com/pion/dtls/v3"
 	dtlsnet "github.com/pion/dtls/v3/pkg/net"
 	"github.com/pion/transport/v5/deadline"
 
@@ -39,6 +39,16 @@ type Config struct {
 	// Queue is the number of datagrams buffered per session (0 = 64);
 	// datagrams beyond it are dropped, as a socket buffer would.
 	Queue int
+	// ProbeConfig, when set, is the server configuration that answers
+	// health probes (a ClientHello under a PPv2 LOCAL header, see the
+	// backend package's documentation) with pion's own first flight, from
+	// a handshake that is then discarded: no session, no Accept. Without
+	// it probes are dropped (Stats.ProbesDropped). Listen and
+	// ListenWithOptions answer probes with the server's own settings.
+	ProbeConfig *pion.Config
+	// MaxProbes is the number of probes answered at once (0 = 4); more
+	// are dropped.
+	MaxProbes int
 }
 
 // Stats counts the datagrams the demultiplexer handled.
@@ -49,36 +59,10 @@ type Stats struct {
 	DroppedMalformed uint64 // not a valid DTLS 1.2 datagram
 	DroppedBacklog   uint64 // ClientHello with the accept backlog full, or after Close
 	DroppedQueue     uint64 // session queue full
+	Probes           uint64 // health probes answered (see Config.ProbeConfig)
+	ProbesDropped    uint64 // health probes not answered: no ProbeConfig, MaxProbes busy, or closed
 	Sessions         int    // live sessions
-}
-
-// Listen returns a DTLS listener that serves pion/dtls v3 sessions over
-// conn: NewPacketListener wrapped by pion's dtls.NewListener. The CID
-// length is taken from cfg.ConnectionIDGenerator (set it to an
-// OrdinalFirst generator, see Generator, so that the proxy can route by
-// CID); without one, sessions are told apart by client address only and
-// do not survive a client address change.
-//
-// The listener owns conn: closing the listener stops accepting, and conn
-// is closed once the listener is closed and its last session has ended.
-func Listen(conn *backend.Conn, cfg *piondtls.Config) (net.Listener, error) {
-	if cfg == nil {
-		return nil, fmt.Errorf("piondtls: nil dtls.Config: %w", ErrConfig)
-	}
-	var pc Config
-	if cfg.ConnectionIDGenerator != nil {
-		pc.CIDLen = len(cfg.ConnectionIDGenerator())
-	}
-	pl, err := NewPacketListener(conn, pc)
-	if err != nil {
-		return nil, err
-	}
-	ln, err := piondtls.NewListener(pl, cfg)
-	if err != nil {
-		pl.Close()
-		return nil, err
-	}
-	return ln, nil
+	Cut              uint64 // sessions a Listener's Drain closed at its deadline
 }
 
 // Generator returns pion's ConnectionIDGenerator for a backend's ordinal,
@@ -118,8 +102,13 @@ type PacketListener struct {
 	readDone chan struct{} // closed when the read loop ends
 	once     sync.Once
 
+	newServer func(net.PacketConn, net.Addr) (*pion.Conn, error) // answers probes; nil: none
+	probes    chan struct{}                                      // one token per probe being answered
+	onEnd     func(*session)                                     // a Listener's, called when a session ends
+
 	st struct {
 		delivered, newSessions, noSession, malformed, backlog, queue atomic.Uint64
+		probes, probesDropped, cut                                   atomic.Uint64
 	}
 }
 
@@ -133,8 +122,18 @@ func NewPacketListener(conn *backend.Conn, cfg Config) (*PacketListener, error) 
 	if cfg.Queue == 0 {
 		cfg.Queue = 64
 	}
-	if cfg.CIDLen < 0 || cfg.CIDLen > dtls.MaxCIDLen || cfg.Backlog < 1 || cfg.Queue < 1 {
-		return nil, fmt.Errorf("piondtls: CID length %d, backlog %d, queue %d: %w", cfg.CIDLen, cfg.Backlog, cfg.Queue, ErrConfig)
+	if cfg.MaxProbes == 0 {
+		cfg.MaxProbes = 4
+	}
+	switch {
+	case cfg.CIDLen < 0 || cfg.CIDLen > dtls.MaxCIDLen:
+		return nil, fmt.Errorf("piondtls: CIDLen %d: want 0 (no CIDs) to %d: %w", cfg.CIDLen, dtls.MaxCIDLen, ErrConfig)
+	case cfg.Backlog < 1:
+		return nil, fmt.Errorf("piondtls: Backlog %d: want at least 1: %w", cfg.Backlog, ErrConfig)
+	case cfg.Queue < 1:
+		return nil, fmt.Errorf("piondtls: Queue %d: want at least 1: %w", cfg.Queue, ErrConfig)
+	case cfg.MaxProbes < 1:
+		return nil, fmt.Errorf("piondtls: MaxProbes %d: want at least 1: %w", cfg.MaxProbes, ErrConfig)
 	}
 	l := &PacketListener{
 		conn:     conn,
@@ -144,6 +143,10 @@ func NewPacketListener(conn *backend.Conn, cfg Config) (*PacketListener, error) 
 		byClient: map[netip.AddrPort]*session{},
 		done:     make(chan struct{}),
 		readDone: make(chan struct{}),
+		probes:   make(chan struct{}, cfg.MaxProbes),
+	}
+	if pc := cfg.ProbeConfig; pc != nil {
+		l.newServer = func(c net.PacketConn, a net.Addr) (*pion.Conn, error) { return pion.Server(c, a, pc) }
 	}
 	go l.readLoop()
 	return l, nil
@@ -162,9 +165,10 @@ func (l *PacketListener) Accept() (net.PacketConn, net.Addr, error) {
 	}
 }
 
-// Close stops accepting sessions and closes those not yet accepted. The
-// socket stays open for the accepted ones and is closed after the last
-// of them.
+// Close stops accepting sessions and closes those not yet accepted: new
+// ClientHellos are dropped (Stats.DroppedBacklog) and health probes go
+// unanswered. The socket stays open for the accepted sessions, which are
+// served on, and is closed after the last of them.
 func (l *PacketListener) Close() error {
 	l.once.Do(func() {
 		l.mu.Lock()
@@ -205,7 +209,10 @@ func (l *PacketListener) Stats() Stats {
 		DroppedMalformed: l.st.malformed.Load(),
 		DroppedBacklog:   l.st.backlog.Load(),
 		DroppedQueue:     l.st.queue.Load(),
+		Probes:           l.st.probes.Load(),
+		ProbesDropped:    l.st.probesDropped.Load(),
 		Sessions:         n,
+		Cut:              l.st.cut.Load(),
 	}
 }
 
@@ -234,16 +241,20 @@ func (l *PacketListener) readLoop() {
 			return
 		}
 		ap := a.(*backend.Addr)
-		s := l.route(buf[:n], ap)
+		s, byCID := l.route(buf[:n], ap)
 		if s == nil {
 			continue
+		}
+		if byCID || !s.hasCID.Load() {
+			s.latest.Store(ap)
 		}
 		s.deliver(buf[:n], ap)
 	}
 }
 
-// route finds or creates the session of datagram b from a.
-func (l *PacketListener) route(b []byte, a *backend.Addr) *session {
+// route finds or creates the session of datagram b from a; byCID reports
+// that it was found by the CID of a tls12_cid record.
+func (l *PacketListener) route(b []byte, a *backend.Addr) (s *session, byCID bool) {
 	cidLen := l.cfg.CIDLen
 	if cidLen == 0 {
 		cidLen = dtls.MinCIDLen // no tls12_cid records expected; any is malformed for pion too
@@ -251,40 +262,44 @@ func (l *PacketListener) route(b []byte, a *backend.Addr) *session {
 	cl, err := dtls.Classify(b, cidLen)
 	if err != nil {
 		l.st.malformed.Add(1)
-		return nil
+		return nil, false
+	}
+	if a.Local && cl.ClientHello {
+		l.probe(b, a) // a health probe: answered without a session
+		return nil, false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if cl.Kind == dtls.KindEstablished && l.cfg.CIDLen > 0 {
 		if s := l.byCID[string(cl.CID)]; s != nil {
 			l.st.delivered.Add(1)
-			return s
+			return s, true
 		}
 	}
 	if s := l.byClient[a.Client]; s != nil {
 		l.st.delivered.Add(1)
-		return s
+		return s, false
 	}
 	if !cl.ClientHello {
 		l.st.noSession.Add(1)
-		return nil
+		return nil, false
 	}
 	if l.closed {
 		l.st.backlog.Add(1)
-		return nil
+		return nil, false
 	}
-	s := l.newSession(a)
+	s = l.newSession(a)
 	select {
 	case l.accept <- s:
 	default:
 		l.st.backlog.Add(1)
-		return nil
+		return nil, false
 	}
 	l.byClient[a.Client] = s
 	l.sessions++
 	l.st.newSessions.Add(1)
 	l.st.delivered.Add(1)
-	return s
+	return s, false
 }
 
 // endSession removes s from the demultiplexer; l.mu is not held.
@@ -299,8 +314,12 @@ func (l *PacketListener) endSession(s *session) {
 	l.sessions--
 	last := l.closed && l.sessions == 0
 	client, cid := s.client, s.cidB
+	onEnd := l.onEnd
 	l.mu.Unlock()
 	l.conn.Forget(client, cid)
+	if onEnd != nil {
+		onEnd(s)
+	}
 	if last {
 		l.conn.Close()
 	}
@@ -323,6 +342,10 @@ type session struct {
 	client netip.AddrPort // the client address it is keyed by
 	cid    string         // the CID it issued, once seen in its ServerHello
 	cidB   []byte         // the same bytes, for Commit
+
+	hasCID      atomic.Bool                  // cid is set
+	latest      atomic.Pointer[backend.Addr] // the newest datagram's address (see WriteTo)
+	established atomic.Bool                  // the server has sent a record of epoch 1 or later
 
 	rdl, wdl  *deadline.Deadline
 	closed    chan struct{}
@@ -382,12 +405,20 @@ func (s *session) WriteTo(b []byte, addr net.Addr) (int, error) {
 	if !ok {
 		return s.l.conn.WriteTo(b, addr)
 	}
+	if v := s.latest.Load(); v != nil && v.Proxy != a.Proxy && v.Client == a.Client && v.Service == a.Service && a.Proxied() {
+		// Same client, newer proxy: the replica before may be gone.
+		a = v
+	}
+	if !s.established.Load() && sealed(b) {
+		s.established.Store(true)
+	}
 	l := s.l
 	l.mu.Lock()
 	if s.cid == "" && l.cfg.CIDLen > 0 {
 		if cid, ok := serverHelloCID(b); ok && len(cid) == l.cfg.CIDLen {
 			s.cid, s.cidB = string(cid), []byte(string(cid))
 			l.byCID[s.cid] = s
+			s.hasCID.Store(true)
 		}
 	}
 	if a.Client != s.client {

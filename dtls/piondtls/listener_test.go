@@ -173,7 +173,7 @@ func TestDemuxDrops(t *testing.T) {
 
 	pc, ra, err := pl.Accept()
 	require.NoError(t, err)
-	assert.Equal(t, "192.0.2.1:1", ra.String())
+	assert.Equal(t, netip.MustParseAddrPort("192.0.2.1:1"), ra.(*backend.Addr).Client)
 	assert.Equal(t, publicAddr, ra.(*backend.Addr).Service)
 	buf := make([]byte, 2048)
 	require.NoError(t, pc.SetReadDeadline(time.Now().Add(time.Second)))

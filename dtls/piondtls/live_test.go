@@ -170,6 +170,14 @@ func (c *switchConn) rebind(t *testing.T, target netip.AddrPort) {
 	}
 }
 
+// retarget keeps the socket and sends to target from now on, as when the
+// load balancer re-hashes the client to another replica.
+func (c *switchConn) retarget(target netip.AddrPort) {
+	c.mu.Lock()
+	c.target = target
+	c.mu.Unlock()
+}
+
 func (c *switchConn) local() netip.AddrPort {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -331,4 +339,69 @@ func TestPionBehindPipeline(t *testing.T) {
 		assert.Zero(t, bst.DroppedUntrusted+bst.DroppedBadHeader)
 	}
 	assert.Equal(t, clients, sessions, "one session per client, none re-created by the rebind")
+}
+
+// A replica dies under pion sessions whose client address does not change
+// (the load balancer re-hashes the client to another replica): the next
+// message is answered at the first try, through the new replica. With a
+// CID, pion moves the session's peer on the record's authenticated
+// tls12_cid (RFC 9146 §6) and the session's PacketConn sends through the
+// newest proxy even in the moment before pion has moved it; without a CID
+// pion never moves it, and the session's PacketConn alone keeps the replies
+// on a live replica.
+func TestPionReplicaDies(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // hang guard
+	defer cancel()
+	srv := startServer(t, 0)
+	bs := []registry.Backend{{Ordinal: 0, Addr: srv.addr(), Weight: 1, State: registry.Ready}}
+	svc := cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, PublicAddr: publicAddr}}
+	for _, withCID := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cid=%v", withCID), func(t *testing.T) {
+			pipeA, a := testproxy.Start(t, 42, bs, svc)
+			pipeB, b := testproxy.Start(t, 42, bs, svc)
+			sc := newSwitchConn(t, a)
+			cfg := pskConfig()
+			cfg.PSKIdentityHint = []byte("client")
+			if withCID {
+				cfg.ConnectionIDGenerator = pion.OnlySendCIDGenerator()
+			}
+			c, err := pion.Client(sc, sc.remote, cfg)
+			require.NoError(t, err)
+			defer c.Close()
+			require.NoError(t, c.HandshakeContext(ctx))
+			assert.Equal(t, "0|one", askOnce(t, c, "one"))
+
+			require.NoError(t, pipeA.Close())
+			sc.retarget(b)
+			for i := range 3 {
+				msg := fmt.Sprintf("after %d", i)
+				assert.Equal(t, "0|"+msg, askOnce(t, c, msg), "answered through B at the first try")
+			}
+			ups, ok := pipeB.UpstreamAddrs("svc")
+			require.True(t, ok)
+			upB := ups[0].Port()
+			r, ok := srv.bc.Route(sc.local())
+			require.True(t, ok)
+			assert.Equal(t, sc.local(), r.Client, "same client address")
+			assert.Equal(t, upB, r.Proxy.Port(), "replies, and server-initiated messages, go through B")
+			if withCID {
+				seen := srv.seenAddrs()
+				assert.Equal(t, upB, seen[len(seen)-1].Proxy.Port(), "pion moved the session's peer")
+			}
+		})
+	}
+}
+
+// askOnce sends msg once and returns the reply, or "" after a second.
+func askOnce(t *testing.T, c *pion.Conn, msg string) string {
+	t.Helper()
+	_, err := c.Write([]byte(msg))
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(time.Second)))
+	buf := make([]byte, 2048)
+	n, err := c.Read(buf)
+	if err != nil {
+		return ""
+	}
+	return string(buf[:n])
 }

@@ -10,7 +10,13 @@
 // Without -psk it runs in certificate mode, with -cert/-key or with a
 // self-signed certificate generated at start. It logs the claimed client
 // address and the measured proxy address apart, once per session event
-// (started, moved, ended), never per datagram. SIGINT or SIGTERM stops it.
+// (started, moved, ended), never per datagram.
+//
+// SIGTERM (or SIGINT) drains it, as a StatefulSet's rolling restart asks:
+// new sessions are refused at once, open ones are served until they end or
+// -drain-timeout (110 s, below the manifests' 120 s grace period) passes,
+// and those left are closed with close_notify and counted. A second signal
+// cuts them at once.
 package main
 
 import (
@@ -21,8 +27,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
@@ -31,15 +35,14 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stderr, nil)
-	stop()
-	os.Exit(code)
+	drain, kill := backendcfg.Signals()
+	os.Exit(run(drain, kill, os.Args[1:], os.Stderr, nil))
 }
 
-// run is main without the process. started, when set, is called with the
-// running server.
-func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtlsecho.Server)) int {
+// run is main without the process: it serves until drain is done, then
+// drains for -drain-timeout or until kill is done. started, when set, is
+// called with the running server.
+func run(drain, kill context.Context, args []string, stderr io.Writer, started func(*dtlsecho.Server)) int {
 	fs := flag.NewFlagSet("dtls-backend", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var common backendcfg.Flags
@@ -98,15 +101,14 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*dtl
 	}
 	if keys != nil {
 		keys.Logger = log
-		backendcfg.Watch(ctx, keys)
+		backendcfg.Watch(kill, keys)
 	}
 	log.Info("dtls-backend started", "ordinal", cfg.Ordinal, "ordinal_from", set.OrdinalFrom, "listen", srv.Addr(),
-		"mode", mode, "cid_len", cfg.CIDLen, "cid_codec", codec, "trusted_proxies", common.Trusted, "direct", common.Direct)
+		"mode", mode, "cid_len", cfg.CIDLen, "cid_codec", codec, "trusted_proxies", common.Trusted, "direct", common.Direct, "drain_timeout", set.DrainTimeout)
 	if started != nil {
 		started(srv)
 	}
-	<-ctx.Done()
-	srv.Close()
+	backendcfg.Stop(drain, kill, srv, set.DrainTimeout, log, "dtls-backend", "sessions")
 	st, dm := srv.Stats()
 	log.Info("dtls-backend stopped", "sessions", dm.NewSessions,
 		"proxied", st.AcceptedProxied, "direct", st.AcceptedDirect, "dropped", st.Dropped(),

@@ -11,7 +11,12 @@
 // It uses -cert/-key or a self-signed certificate generated at start. It
 // logs the claimed client address and the measured proxy address apart,
 // once per connection event (started, moved, ended), never per packet.
-// SIGINT or SIGTERM stops it.
+//
+// SIGTERM (or SIGINT) drains it, as a StatefulSet's rolling restart asks:
+// new connections are refused at once, open ones are served until they end
+// or -drain-timeout (110 s, below the manifests' 120 s grace period)
+// passes, and those left are closed with CONNECTION_CLOSE and counted. A
+// second signal cuts them at once.
 package main
 
 import (
@@ -21,9 +26,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
 	"github.com/cidroute/cidroute/examples/internal/cidkeys"
@@ -32,15 +35,14 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stderr, nil)
-	stop()
-	os.Exit(code)
+	drain, kill := backendcfg.Signals()
+	os.Exit(run(drain, kill, os.Args[1:], os.Stderr, nil))
 }
 
-// run is main without the process. started, when set, is called with the
-// running server.
-func run(ctx context.Context, args []string, stderr io.Writer, started func(*quicecho.Server)) int {
+// run is main without the process: it serves until drain is done, then
+// drains for -drain-timeout or until kill is done. started, when set, is
+// called with the running server.
+func run(drain, kill context.Context, args []string, stderr io.Writer, started func(*quicecho.Server)) int {
 	fs := flag.NewFlagSet("quic-backend", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var common backendcfg.Flags
@@ -91,15 +93,14 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*qui
 	}
 	if keys != nil {
 		keys.Logger = log
-		backendcfg.Watch(ctx, keys)
+		backendcfg.Watch(kill, keys)
 	}
 	log.Info("quic-backend started", "ordinal", cfg.Ordinal, "ordinal_from", set.OrdinalFrom, "listen", srv.Addr(),
-		"alpn", strings.Join(cfg.ALPN, ","), "certificate", cert, "cid_len", *cidLen, "cid_codec", codec, "trusted_proxies", common.Trusted, "direct", common.Direct)
+		"alpn", strings.Join(cfg.ALPN, ","), "certificate", cert, "cid_len", *cidLen, "cid_codec", codec, "trusted_proxies", common.Trusted, "direct", common.Direct, "drain_timeout", set.DrainTimeout)
 	if started != nil {
 		started(srv)
 	}
-	<-ctx.Done()
-	srv.Close()
+	backendcfg.Stop(drain, kill, srv, set.DrainTimeout, log, "quic-backend", "connections")
 	st := srv.Stats()
 	log.Info("quic-backend stopped", "connections", len(srv.Connections()),
 		"proxied", st.AcceptedProxied, "direct", st.AcceptedDirect, "dropped", st.Dropped(), "dropped_untrusted", st.DroppedUntrusted)

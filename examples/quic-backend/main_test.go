@@ -30,7 +30,7 @@ func start(t *testing.T, ctx context.Context, args ...string) (srv *quicecho.Ser
 	logs = &syncBuffer{}
 	srvc := make(chan *quicecho.Server, 1)
 	code = make(chan int, 1)
-	go func() { code <- run(ctx, args, logs, func(s *quicecho.Server) { srvc <- s }) }()
+	go func() { code <- run(ctx, context.Background(), args, logs, func(s *quicecho.Server) { srvc <- s }) }()
 	select {
 	case srv = <-srvc:
 	case c := <-code:
@@ -96,11 +96,67 @@ func TestBadFlags(t *testing.T) {
 		{"-ordinal", "1", "-cid-keys", "/nonexistent.json", "-cid-len", "12", "-cid-nonce-len", "4"},
 	} {
 		var out syncBuffer
-		c := run(context.Background(), args, &out, nil)
+		c := run(context.Background(), context.Background(), args, &out, nil)
 		require.Equal(t, 2, c, "%q: %s", args, out.String())
 		require.NotEmpty(t, strings.TrimSpace(out.String()))
 	}
 	// A CID length the codec refuses fails at start.
 	var out syncBuffer
-	require.Equal(t, 1, run(context.Background(), []string{"-ordinal", "1", "-listen", "127.0.0.1:0", "-cid-len", "3"}, &out, nil), out.String())
+	require.Equal(t, 1, run(context.Background(), context.Background(), []string{"-ordinal", "1", "-listen", "127.0.0.1:0", "-cid-len", "3"}, &out, nil), out.String())
+}
+
+// SIGTERM drains: the open connection is served until -drain-timeout,
+// then closed with CONNECTION_CLOSE and counted; a second signal cuts at
+// once.
+func TestDrainOnSignal(t *testing.T) {
+	for _, kill := range []bool{false, true} {
+		drain, startDrain := context.WithCancel(context.Background())
+		hard, stopNow := context.WithCancel(context.Background())
+		logs := &syncBuffer{}
+		srvc := make(chan *quicecho.Server, 1)
+		code := make(chan int, 1)
+		timeout := "300ms"
+		if kill {
+			timeout = "1h"
+		}
+		go func() {
+			code <- run(drain, hard, []string{"-listen", "127.0.0.1:0", "-ordinal", "2", "-drain-timeout", timeout}, logs, func(s *quicecho.Server) { srvc <- s })
+		}()
+		srv := <-srvc
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		require.NoError(t, err)
+		tr := &quic.Transport{Conn: udp}
+		conn, err := tr.Dial(ctx, net.UDPAddrFromAddrPort(srv.Addr()),
+			&tls.Config{InsecureSkipVerify: true, NextProtos: []string{quicecho.DefaultALPN}}, &quic.Config{})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return srv.Open() == 1 }, 5*time.Second, time.Millisecond)
+
+		start := time.Now()
+		startDrain()
+		require.Eventually(t, func() bool { return strings.Contains(logs.String(), "quic-backend draining") }, 5*time.Second, time.Millisecond)
+		if kill {
+			stopNow()
+		}
+		select {
+		case c := <-code:
+			require.Equal(t, 0, c, logs.String())
+		case <-time.After(5 * time.Second):
+			t.Fatalf("did not stop: %s", logs)
+		}
+		if !kill {
+			require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "served until the drain timeout")
+		}
+		<-conn.Context().Done()
+		var app *quic.ApplicationError
+		require.ErrorAs(t, context.Cause(conn.Context()), &app)
+		require.Equal(t, "server draining", app.ErrorMessage)
+		out := logs.String()
+		require.Contains(t, out, "open=1")
+		require.Contains(t, out, `msg="quic-backend drained" ended=0 cut=1`)
+		require.Contains(t, out, `reason="cut at the drain deadline"`)
+		tr.Close()
+		cancel()
+		stopNow()
+	}
 }

@@ -3,9 +3,11 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -140,6 +142,13 @@ type Config struct {
 	// (0 = 9216, the proxy's default). Larger ones are dropped (counted
 	// as truncated).
 	Batch, MaxDatagram int
+	// Logger receives the adapter's warnings (nil: slog.Default()). It
+	// never logs per datagram: a PPv2 datagram from a sender outside
+	// TrustedProxies, the usual sign of a missing or wrong trusted set
+	// (the client then sees only a handshake timeout), is logged the
+	// first time and then at most every 10 s, with the sender, the
+	// trusted set and the count so far (Stats.DroppedUntrusted).
+	Logger *slog.Logger
 }
 
 const (
@@ -167,21 +176,28 @@ func (cfg *Config) setDefaults() error {
 		cfg.CIDLen = cfg.Protocol.DefaultCIDLen()
 	}
 	switch {
-	case cfg.MaxRoutes < 1, cfg.RouteIdle < 0, cfg.Batch < 1 || cfg.Batch > 1024,
-		cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535:
-		return fmt.Errorf("backend: max routes %d, idle %v, batch %d, max datagram %d: %w",
-			cfg.MaxRoutes, cfg.RouteIdle, cfg.Batch, cfg.MaxDatagram, ErrConfig)
-	case cfg.Direct > DirectDrop || cfg.Protocol > QUIC:
-		return fmt.Errorf("backend: direct policy %d, protocol %d: %w", cfg.Direct, cfg.Protocol, ErrConfig)
+	case cfg.MaxRoutes < 1:
+		return fmt.Errorf("backend: MaxRoutes %d: want at least 1: %w", cfg.MaxRoutes, ErrConfig)
+	case cfg.RouteIdle < 0:
+		return fmt.Errorf("backend: RouteIdle %v is negative: %w", cfg.RouteIdle, ErrConfig)
+	case cfg.Batch < 1 || cfg.Batch > 1024:
+		return fmt.Errorf("backend: Batch %d: want 1 to 1024 datagrams: %w", cfg.Batch, ErrConfig)
+	case cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535:
+		return fmt.Errorf("backend: MaxDatagram %d: want 64 to 65535 bytes: %w", cfg.MaxDatagram, ErrConfig)
+	case cfg.Direct > DirectDrop:
+		return fmt.Errorf("backend: unknown Direct policy %d: %w", cfg.Direct, ErrConfig)
+	case cfg.Protocol > QUIC:
+		return fmt.Errorf("backend: unknown Protocol %d: %w", cfg.Protocol, ErrConfig)
 	case cfg.Direct == DirectNoHandshake && cfg.Protocol == AnyProtocol:
-		return fmt.Errorf("backend: DirectNoHandshake needs a Protocol: %w", ErrConfig)
-	case cfg.Protocol == DTLS && (cfg.CIDLen < dtls.MinCIDLen || cfg.CIDLen > dtls.MaxCIDLen),
-		cfg.Protocol == QUIC && (cfg.CIDLen < 1 || cfg.CIDLen > quic.MaxCIDLen):
-		return fmt.Errorf("backend: CID length %d: %w", cfg.CIDLen, ErrConfig)
+		return fmt.Errorf("backend: DirectNoHandshake must recognise a handshake: set Protocol to DTLS or QUIC: %w", ErrConfig)
+	case cfg.Protocol == DTLS && (cfg.CIDLen < dtls.MinCIDLen || cfg.CIDLen > dtls.MaxCIDLen):
+		return fmt.Errorf("backend: DTLS CIDLen %d: want %d to %d: %w", cfg.CIDLen, dtls.MinCIDLen, dtls.MaxCIDLen, ErrConfig)
+	case cfg.Protocol == QUIC && (cfg.CIDLen < 1 || cfg.CIDLen > quic.MaxCIDLen):
+		return fmt.Errorf("backend: QUIC CIDLen %d: want 1 to %d: %w", cfg.CIDLen, quic.MaxCIDLen, ErrConfig)
 	}
 	for _, p := range cfg.TrustedProxies {
 		if !p.IsValid() {
-			return fmt.Errorf("backend: trusted proxy prefix %v: %w", p, ErrConfig)
+			return fmt.Errorf("backend: TrustedProxies holds an invalid (zero) prefix: %w", ErrConfig)
 		}
 	}
 	return nil
@@ -212,6 +228,9 @@ type Conn struct {
 
 	routes routeTable
 	st     counters
+
+	log           *slog.Logger
+	untrustedNext atomic.Int64 // clock reading before which no untrusted sender is logged
 }
 
 var _ net.PacketConn = (*Conn)(nil)
@@ -226,12 +245,15 @@ func New(c *net.UDPConn, cfg Config) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("backend: %w", err)
 	}
-	cn := &Conn{udp: c, io: bio, cfg: cfg, epoch: time.Now(),
+	cn := &Conn{udp: c, io: bio, cfg: cfg, epoch: time.Now(), log: cfg.Logger,
 		rmsgs: make([]udpio.Message, cfg.Batch),
 		addrs: make(map[Addr]*Addr),
 		hdr:   make([]byte, 0, maxHeader),
 	}
 	cn.now = func() int64 { return int64(time.Since(cn.epoch)) }
+	if cn.log == nil {
+		cn.log = slog.Default()
+	}
 	for _, p := range cfg.TrustedProxies {
 		cn.trusted = append(cn.trusted, netip.PrefixFrom(p.Addr().Unmap(), max(0, p.Bits()-unmapBits(p))).Masked())
 	}
@@ -317,6 +339,7 @@ func (c *Conn) inspect(b []byte, from netip.AddrPort) (a Addr, off int, ok bool)
 	if ppv2.Sniff(b) {
 		if !c.isTrusted(from.Addr()) {
 			c.st.droppedUntrusted.Add(1)
+			c.warnUntrusted(from)
 			return Addr{}, 0, false
 		}
 		h, off, err := ppv2.Parse(b)
@@ -330,7 +353,7 @@ func (c *Conn) inspect(b []byte, from netip.AddrPort) (a Addr, off int, ok bool)
 				return Addr{}, 0, false
 			}
 			c.st.acceptedLocal.Add(1)
-			return Addr{Client: from}, off, true
+			return Addr{Client: from, Local: true}, off, true
 		}
 		if !usable(h.Src) || !usable(h.Dst) {
 			c.st.droppedBadHeader.Add(1)
@@ -351,6 +374,25 @@ func (c *Conn) inspect(b []byte, from netip.AddrPort) (a Addr, off int, ok bool)
 	}
 	c.st.acceptedDirect.Add(1)
 	return Addr{Client: from}, 0, true
+}
+
+// untrustedEvery is how often at most an untrusted sender is logged.
+const untrustedEvery = int64(10 * time.Second)
+
+// warnUntrusted logs a PPv2 datagram from an untrusted sender, at most once
+// per untrustedEvery: the usual cause is a trusted set that misses the
+// proxies, and the client sees nothing but a handshake timeout.
+func (c *Conn) warnUntrusted(from netip.AddrPort) {
+	now, next := c.now(), c.untrustedNext.Load()
+	if now < next || !c.untrustedNext.CompareAndSwap(next, now+untrustedEvery) {
+		return
+	}
+	trusted := "none: Config.TrustedProxies is empty"
+	if len(c.cfg.TrustedProxies) > 0 {
+		trusted = fmt.Sprint(c.cfg.TrustedProxies)
+	}
+	c.log.Warn("backend: dropped a PROXY v2 datagram from a sender outside the trusted proxies; if it is a proxy, add its address or network to them",
+		"sender", from, "trusted_proxies", trusted, "dropped_untrusted", c.st.droppedUntrusted.Load())
 }
 
 // usable reports whether a header address can be written back in a reply

@@ -2,8 +2,10 @@ package backend
 
 import (
 	"errors"
+	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,7 +33,7 @@ func TestProxiedClaimedAndMeasured(t *testing.T) {
 	assert.Equal(t, client1, a.Client, "claimed")
 	assert.Equal(t, px.addr(), a.Proxy, "measured")
 	assert.Equal(t, service, a.Service)
-	assert.Equal(t, client1.String(), a.String(), "String is the client's")
+	assert.Equal(t, client1.String()+" via "+px.addr().String(), a.String(), "String names the path: client and proxy")
 	assert.Equal(t, "udp", a.Network())
 	assert.True(t, a.Proxied())
 
@@ -108,6 +110,46 @@ func TestUntrustedProxy(t *testing.T) {
 	assert.Equal(t, uint64(1), c2.Stats().DroppedUntrusted)
 }
 
+// The first PPv2 datagram from an untrusted sender is logged with the
+// sender and the trusted set, then at most one line per 10 s; every one is
+// counted.
+func TestUntrustedSenderLogged(t *testing.T) {
+	for _, tc := range []struct {
+		trusted []netip.Prefix
+		want    string
+	}{
+		{nil, `trusted_proxies="none: Config.TrustedProxies is empty"`},
+		{[]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, `trusted_proxies=[10.0.0.0/8]`},
+	} {
+		var logs testtool.SyncBuffer
+		c := newConn(t, Config{TrustedProxies: tc.trusted, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		ck := withClock(c)
+		px := newPeer(t)
+		lines := func() int { return strings.Count(logs.String(), "\n") }
+		px.proxied(c, client1, []byte("1"))
+		px.proxied(c, client1, []byte("2"))
+		px.send(c, nil, []byte("sync"))
+		read(t, c)
+		require.Equal(t, 1, lines(), logs.String())
+		assert.Contains(t, logs.String(), "level=WARN")
+		assert.Contains(t, logs.String(), "sender="+px.addr().String())
+		assert.Contains(t, logs.String(), tc.want)
+		assert.Contains(t, logs.String(), "dropped_untrusted=1")
+		ck.advance(9 * time.Second)
+		px.proxied(c, client1, []byte("3"))
+		px.send(c, nil, []byte("sync"))
+		read(t, c)
+		assert.Equal(t, 1, lines(), "rate-limited")
+		ck.advance(time.Second)
+		px.proxied(c, client1, []byte("4"))
+		px.send(c, nil, []byte("sync"))
+		read(t, c)
+		assert.Equal(t, 2, lines())
+		assert.Contains(t, logs.String(), "dropped_untrusted=4")
+		assert.Equal(t, uint64(4), c.Stats().DroppedUntrusted)
+	}
+}
+
 func TestBadHeader(t *testing.T) {
 	c := newConn(t, Config{TrustedProxies: []netip.Prefix{loop}})
 	px := newPeer(t)
@@ -139,7 +181,9 @@ func TestLocal(t *testing.T) {
 	px.send(c, local, []byte("health?"))
 	b, a := read(t, c)
 	assert.Equal(t, "health?", string(b))
-	assert.Equal(t, Addr{Client: px.addr()}, *a)
+	assert.Equal(t, Addr{Client: px.addr(), Local: true}, *a)
+	assert.False(t, a.Proxied())
+	assert.Equal(t, px.addr().String(), a.String(), "String is the sender's")
 	_, err = c.WriteTo([]byte("ok"), a)
 	require.NoError(t, err)
 	assert.Equal(t, "ok", string(px.recv()))
@@ -398,6 +442,22 @@ func TestConfigErrors(t *testing.T) {
 	} {
 		_, err := New(listen(t), cfg)
 		assert.ErrorIs(t, err, ErrConfig, "%+v", cfg)
+	}
+	// Each message names the field at fault.
+	for want, cfg := range map[string]Config{
+		"MaxRoutes -1":                 {MaxRoutes: -1},
+		"RouteIdle -1ns is negative":   {RouteIdle: -1},
+		"Batch 2000":                   {Batch: 2000},
+		"MaxDatagram 10":               {MaxDatagram: 10},
+		"unknown Direct policy 9":      {Direct: 9},
+		"unknown Protocol 9":           {Protocol: 9},
+		"set Protocol to DTLS or QUIC": {Direct: DirectNoHandshake},
+		"QUIC CIDLen 21":               {Protocol: QUIC, CIDLen: 21},
+		"DTLS CIDLen 256":              {Protocol: DTLS, CIDLen: 256},
+		"invalid (zero) prefix":        {TrustedProxies: []netip.Prefix{{}}},
+	} {
+		_, err := New(listen(t), cfg)
+		assert.ErrorContains(t, err, want)
 	}
 }
 

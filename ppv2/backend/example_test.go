@@ -34,7 +34,7 @@ func Example() {
 	n, from, _ := conn.ReadFrom(buf)
 	a := from.(*backend.Addr)
 	fmt.Printf("%s from %v (claimed), measured proxy is ours: %v\n",
-		buf[:n], from, a.Proxy == proxy.LocalAddr().(*net.UDPAddr).AddrPort())
+		buf[:n], a.Client, a.Proxy == proxy.LocalAddr().(*net.UDPAddr).AddrPort())
 
 	conn.WriteTo([]byte("pong"), from) // the reply path: through that proxy
 

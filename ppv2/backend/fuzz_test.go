@@ -67,7 +67,7 @@ func FuzzInspect(f *testing.F) {
 		}
 		switch hdr.Command {
 		case ppv2.Local:
-			if a != (Addr{Client: from}) {
+			if a != (Addr{Client: from, Local: true}) {
 				t.Fatalf("LOCAL: %+v", a)
 			}
 		case ppv2.Proxy:

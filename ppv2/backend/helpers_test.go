@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"log/slog"
 	"net"
 	"net/netip"
 	"sync/atomic"
@@ -29,9 +30,13 @@ func listen(t testing.TB) *net.UDPConn {
 
 func addrOf(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAddr).AddrPort() }
 
-// newConn returns a backend Conn on loopback with cfg.
+// newConn returns a backend Conn on loopback with cfg; without a Logger it
+// logs nowhere.
 func newConn(t testing.TB, cfg Config) *Conn {
 	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	c, err := New(listen(t), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })

@@ -63,6 +63,30 @@ type quicServer struct {
 
 func startQUICServer(t *testing.T, ord uint8, tc *tls.Config) *quicServer {
 	t.Helper()
+	s := &quicServer{ord: ord}
+	s.bc = serveQUIC(t, ord, tc, func(conn *quic.Conn, st *quic.Stream) {
+		buf := make([]byte, 64)
+		for {
+			n, err := st.Read(buf)
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.remotes = append(s.remotes, *conn.RemoteAddr().(*backend.Addr))
+			s.mu.Unlock()
+			if _, err := fmt.Fprintf(st, "%d|%s\n", s.ord, buf[:n]); err != nil {
+				return
+			}
+		}
+	})
+	return s
+}
+
+// serveQUIC runs a quic-go server with ordinal ord over a backend.Conn
+// that trusts loopback proxies, until the test ends: handle serves each
+// stream of each connection.
+func serveQUIC(t *testing.T, ord uint8, tc *tls.Config, handle func(*quic.Conn, *quic.Stream)) *backend.Conn {
+	t.Helper()
 	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)
 	bc, err := backend.New(udp, backend.Config{
@@ -76,7 +100,6 @@ func startQUICServer(t *testing.T, ord uint8, tc *tls.Config) *quicServer {
 	tr := &quic.Transport{Conn: bc, ConnectionIDGenerator: gen}
 	ln, err := tr.Listen(tc, &quic.Config{})
 	require.NoError(t, err)
-	s := &quicServer{ord: ord, bc: bc}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -86,22 +109,12 @@ func startQUICServer(t *testing.T, ord uint8, tc *tls.Config) *quicServer {
 				return
 			}
 			wg.Go(func() {
-				st, err := conn.AcceptStream(ctx)
-				if err != nil {
-					return
-				}
-				buf := make([]byte, 64)
 				for {
-					n, err := st.Read(buf)
+					st, err := conn.AcceptStream(ctx)
 					if err != nil {
 						return
 					}
-					s.mu.Lock()
-					s.remotes = append(s.remotes, *conn.RemoteAddr().(*backend.Addr))
-					s.mu.Unlock()
-					if _, err := fmt.Fprintf(st, "%d|%s\n", s.ord, buf[:n]); err != nil {
-						return
-					}
+					wg.Go(func() { handle(conn, st) })
 				}
 			})
 		}
@@ -113,7 +126,7 @@ func startQUICServer(t *testing.T, ord uint8, tc *tls.Config) *quicServer {
 		wg.Wait()
 		bc.Close()
 	})
-	return s
+	return bc
 }
 
 func startQUICProxy(t *testing.T, bs []registry.Backend) netip.AddrPort {

@@ -1,43 +1,38 @@
 package backendcfg
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/cidroute/cidroute/ppv2/backend"
 )
 
-// DefaultTrusted are the networks the example backends accept PPv2
-// headers from unless told otherwise: loopback and the private ranges a
-// cluster network uses. Narrow them to the proxies' addresses in
-// production: a trusted sender can claim any client address.
-const DefaultTrusted = "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7"
-
-// ParsePrefixes parses a comma-separated list of prefixes or addresses (an
-// address is a one-address prefix). An empty string is an empty list.
-func ParsePrefixes(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for f := range strings.SplitSeq(s, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		if p, err := netip.ParsePrefix(f); err == nil {
-			out = append(out, p)
-			continue
-		}
-		a, err := netip.ParseAddr(f)
-		if err != nil {
-			return nil, fmt.Errorf("trusted proxy %q: not a prefix or address", f)
-		}
-		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+// DefaultTrusted is the -trusted-proxies default: backend's
+// DefaultTrustedProxies, loopback only, for proxies on the same host. In a
+// cluster name the proxies' pod network instead (-trusted-proxies
+// 10.244.0.0/16, the CIDR the cidproxy pods get their addresses from):
+// every host in a trusted network can claim any client address.
+var DefaultTrusted = func() string {
+	var ps []string
+	for _, p := range backend.DefaultTrustedProxies() {
+		ps = append(ps, p.String())
 	}
-	return out, nil
-}
+	return strings.Join(ps, ",")
+}()
+
+// DefaultDrainTimeout is the -drain-timeout default: below the 120 s
+// terminationGracePeriodSeconds of the example manifests, so that the
+// sessions left are closed cleanly before the kubelet kills the pod.
+const DefaultDrainTimeout = 110 * time.Second
 
 // ParseDirect parses the direct-datagram policy: "accept", "no-handshake"
 // or "drop" (backend.DirectPolicy's text form).
@@ -61,6 +56,7 @@ func Logger(w io.Writer, level string) (*slog.Logger, error) {
 type Flags struct {
 	Listen, Trusted, Direct, Level string
 	Ordinal                        int
+	DrainTimeout                   time.Duration
 }
 
 // Register defines the flags on fs. listen is the default address, pod an
@@ -69,9 +65,10 @@ type Flags struct {
 func (f *Flags) Register(fs *flag.FlagSet, listen, pod, initials string) {
 	fs.StringVar(&f.Listen, "listen", listen, "UDP `address` to listen on")
 	fs.IntVar(&f.Ordinal, "ordinal", -1, "the backend's ordinal 0-254; -1 takes it from the HOSTNAME suffix ("+pod+" → 2)")
-	fs.StringVar(&f.Trusted, "trusted-proxies", DefaultTrusted, "comma-separated `prefixes` allowed to send PROXY v2 headers")
+	fs.StringVar(&f.Trusted, "trusted-proxies", DefaultTrusted, "comma-separated `networks` allowed to send PROXY v2 headers: the proxies' (e.g. their pod CIDR, 10.244.0.0/16); the default is loopback only")
 	fs.StringVar(&f.Direct, "direct", "accept", "datagrams without PROXY v2: accept, no-handshake (drop direct "+initials+") or drop")
 	fs.StringVar(&f.Level, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&f.DrainTimeout, "drain-timeout", DefaultDrainTimeout, "on SIGTERM, refuse new sessions and serve the open ones this long, then close them; keep it below the pod's termination grace period")
 }
 
 // Settings are the flags parsed.
@@ -82,6 +79,7 @@ type Settings struct {
 	Listen         netip.AddrPort
 	TrustedProxies []netip.Prefix
 	Direct         backend.DirectPolicy
+	DrainTimeout   time.Duration
 }
 
 // Parse checks that fs, already parsed, has no arguments left and parses
@@ -99,11 +97,54 @@ func (f *Flags) Parse(fs *flag.FlagSet, stderr io.Writer) (Settings, error) {
 		return s, err
 	}
 	if s.Listen, err = netip.ParseAddrPort(f.Listen); err != nil {
-		return s, err
+		return s, fmt.Errorf("-listen: %w", err)
 	}
-	if s.TrustedProxies, err = ParsePrefixes(f.Trusted); err != nil {
-		return s, err
+	if s.TrustedProxies, err = backend.ParseTrustedProxies(f.Trusted); err != nil {
+		return s, fmt.Errorf("-trusted-proxies: %w", err)
 	}
+	if f.DrainTimeout < 0 {
+		return s, fmt.Errorf("-drain-timeout %v: must not be negative", f.DrainTimeout)
+	}
+	s.DrainTimeout = f.DrainTimeout
 	s.Direct, err = ParseDirect(f.Direct)
 	return s, err
+}
+
+// Signals returns the contexts a backend stops by: drain is done at the
+// first SIGTERM or SIGINT, kill at the second.
+func Signals() (drain, kill context.Context) {
+	drain, startDrain := context.WithCancel(context.Background())
+	kill, stopNow := context.WithCancel(context.Background())
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		startDrain()
+		<-sig
+		stopNow()
+	}()
+	return drain, kill
+}
+
+// A Drainer is a server that drains: the DTLS and QUIC echo servers.
+type Drainer interface {
+	Open() int                           // sessions not ended yet
+	Drain(ctx context.Context) (cut int) // refuse new sessions, serve the open ones until ctx is done
+	Close() error
+}
+
+// Stop waits until drain is done, then drains srv for timeout or until
+// kill is done, and closes it; it logs both steps as name, counting
+// sessions as unit ("sessions", "connections").
+func Stop(drain, kill context.Context, srv Drainer, timeout time.Duration, log *slog.Logger, name, unit string) {
+	<-drain.Done()
+	open := srv.Open()
+	log.Info(name+" draining: new "+unit+" are refused, open ones are served until they end or the drain timeout",
+		"open", open, "drain_timeout", timeout)
+	ctx, cancel := context.WithTimeout(kill, timeout)
+	start := time.Now()
+	cut := srv.Drain(ctx)
+	cancel()
+	log.Info(name+" drained", "ended", open-cut, "cut", cut, "took", time.Since(start).Round(time.Millisecond))
+	srv.Close()
 }

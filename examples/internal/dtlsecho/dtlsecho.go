@@ -21,6 +21,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pion "github.com/pion/dtls/v3"
@@ -97,13 +98,14 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 	bc  *backend.Conn
-	pl  *piondtls.PacketListener
-	ln  net.Listener
+	ln  *piondtls.Listener
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	once     sync.Once
+	draining atomic.Bool
+	cutting  atomic.Bool // the drain deadline passed
 
 	mu       sync.Mutex
 	next     uint64
@@ -161,24 +163,19 @@ func Listen(cfg Config) (*Server, error) {
 	bc, err := echobase.Listen(cfg.Listen, backend.Config{
 		TrustedProxies: cfg.TrustedProxies,
 		Direct:         cfg.Direct,
+		Logger:         log,
 		Protocol:       backend.DTLS,
 		CIDLen:         cfg.CIDLen,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dtlsecho: %w", err)
 	}
-	pl, err := piondtls.NewPacketListener(bc, piondtls.Config{CIDLen: cfg.CIDLen})
+	ln, err := piondtls.Listen(bc, pc)
 	if err != nil {
 		bc.Close()
 		return nil, fmt.Errorf("dtlsecho: %w", err)
 	}
-	ln, err := pion.NewListener(pl, pc)
-	if err != nil {
-		pl.Close()
-		bc.Close()
-		return nil, fmt.Errorf("dtlsecho: %w", err)
-	}
-	s := &Server{cfg: cfg, log: log.With("ordinal", cfg.Ordinal), bc: bc, pl: pl, ln: ln,
+	s := &Server{cfg: cfg, log: log.With("ordinal", cfg.Ordinal), bc: bc, ln: ln,
 		sessions: map[uint64]*Session{}, conns: map[uint64]net.Conn{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
@@ -194,7 +191,7 @@ func (s *Server) Ordinal() uint8 { return s.cfg.Ordinal }
 
 // Stats returns the PPv2 adapter's and the session demultiplexer's
 // counters.
-func (s *Server) Stats() (backend.Stats, piondtls.Stats) { return s.bc.Stats(), s.pl.Stats() }
+func (s *Server) Stats() (backend.Stats, piondtls.Stats) { return s.bc.Stats(), s.ln.Stats() }
 
 // Sessions returns every session the server has had, in the order they
 // started.
@@ -202,6 +199,27 @@ func (s *Server) Sessions() []Session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return echobase.InOrder(s.sessions, s.next)
+}
+
+// Drain refuses new sessions (and health probes) at once, serves the open
+// ones until they end or ctx is done, then closes those left with
+// close_notify; it returns how many it closed. Close the server after it.
+func (s *Server) Drain(ctx context.Context) (cut int) {
+	s.draining.Store(true)
+	// Mark the deadline before the listener cuts, so that the sessions it
+	// closes are logged as cut, not as closed by their client.
+	inner, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { s.cutting.Store(true); cancel() })
+	defer stop()
+	return s.ln.Drain(inner)
+}
+
+// Open returns the number of sessions not ended yet.
+func (s *Server) Open() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
 }
 
 // Close stops accepting, ends every session, closes the socket and waits
@@ -259,7 +277,7 @@ func (s *Server) serve(id uint64, c *pion.Conn) {
 	err := c.HandshakeContext(ctx)
 	cancel()
 	if err != nil {
-		if s.ctx.Err() == nil {
+		if s.ctx.Err() == nil && !s.draining.Load() {
 			s.log.Warn("handshake failed", append(echobase.AddrAttrs(first), "err", err)...)
 		}
 		return
@@ -320,6 +338,8 @@ func (s *Server) endReason(err error) string {
 	switch {
 	case s.ctx.Err() != nil:
 		return "server stopped"
+	case s.cutting.Load():
+		return "cut at the drain deadline"
 	case errors.As(err, &ne) && ne.Timeout():
 		return "idle"
 	case errors.Is(err, net.ErrClosed) || errors.Is(err, piondtls.ErrClosed):

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"github.com/quic-go/quic-go"
 
@@ -83,12 +84,13 @@ type Server struct {
 	log *slog.Logger
 	bc  *backend.Conn
 	tr  *quic.Transport
-	ln  *quic.Listener
+	ln  *quicgo.Listener
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	once     sync.Once
+	draining atomic.Bool
 
 	mu    sync.Mutex
 	next  uint64
@@ -128,6 +130,7 @@ func Listen(cfg Config) (*Server, error) {
 	bc, err := echobase.Listen(cfg.Listen, backend.Config{
 		TrustedProxies: cfg.TrustedProxies,
 		Direct:         cfg.Direct,
+		Logger:         log,
 		Protocol:       backend.QUIC,
 		CIDLen:         gen.ConnectionIDLen(),
 	})
@@ -137,7 +140,7 @@ func Listen(cfg Config) (*Server, error) {
 	var resetKey quic.StatelessResetKey
 	rand.Read(resetKey[:])
 	tr := &quic.Transport{Conn: bc, ConnectionIDGenerator: gen, StatelessResetKey: &resetKey}
-	ln, err := tr.Listen(tlsConf, &quic.Config{})
+	ln, err := quicgo.Listen(tr, tlsConf, &quic.Config{})
 	if err != nil {
 		tr.Close()
 		bc.Close()
@@ -165,6 +168,22 @@ func (s *Server) Connections() []Connection {
 	defer s.mu.Unlock()
 	return echobase.InOrder(s.conns, s.next)
 }
+
+// DrainCode is the application error code of the CONNECTION_CLOSE that
+// Drain sends to the connections left at its deadline.
+const DrainCode quic.ApplicationErrorCode = 0
+
+// Drain refuses new connections (and health probes) at once, serves the
+// open ones until they end or ctx is done, then closes those left with
+// CONNECTION_CLOSE (DrainCode, "server draining"); it returns how many it
+// closed. Close the server after it.
+func (s *Server) Drain(ctx context.Context) (cut int) {
+	s.draining.Store(true)
+	return s.ln.Drain(ctx, DrainCode, "server draining")
+}
+
+// Open returns the number of connections not ended yet.
+func (s *Server) Open() int { return s.ln.Conns() }
 
 // Close closes every connection and the socket, and waits for the
 // server's goroutines. It is idempotent.
@@ -259,6 +278,8 @@ func (s *Server) endReason(err error) string {
 	var app *quic.ApplicationError
 	var idle *quic.IdleTimeoutError
 	switch {
+	case s.draining.Load() && errors.As(err, &app) && !app.Remote:
+		return "cut at the drain deadline"
 	case s.ctx.Err() != nil:
 		return "server stopped"
 	case errors.As(err, &idle):
