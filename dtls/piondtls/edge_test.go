@@ -105,7 +105,9 @@ func TestEdgeProbeIsAFullHandshake(t *testing.T) {
 	assert.GreaterOrEqual(t, s.Handshake, 2*s.RTT, "a DTLS 1.2 handshake takes at least two round trips")
 	assert.Equal(t, uint64(1), l.handshakes())
 	// The probe's session was closed with close_notify: the backend ends it.
-	require.Eventually(t, func() bool { return l.srvs[0].pl.Stats().Sessions+l.srvs[1].pl.Stats().Sessions+l.srvs[2].pl.Stats().Sessions == 0 },
+	require.Eventually(t, func() bool {
+		return l.srvs[0].pl.Stats().Sessions+l.srvs[1].pl.Stats().Sessions+l.srvs[2].pl.Stats().Sessions == 0
+	},
 		5*time.Second, 10*time.Millisecond)
 
 	// Nothing listens there: the probe fails within its context.
