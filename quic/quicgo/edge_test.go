@@ -216,4 +216,3 @@ func TestEdgeQUICFailoverOnIdleTimeout(t *testing.T) {
 	assert.NotEqual(t, from, s.Edge())
 	assert.Equal(t, uint64(1), d.Chooser().Stats().Switches[edge.Unreachable])
 }
-
