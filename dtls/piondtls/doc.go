@@ -20,6 +20,12 @@
 // replies. Each dtls.Conn's RemoteAddr is a *backend.Addr: the claimed
 // client (String) and the measured proxy, kept apart.
 //
+// On the client side, an EdgeDialer reaches a service through the best of
+// its edges (package edge), and moves its session from edge to edge
+// without a handshake: a record with a connection ID belongs to the
+// session, and every cidroute edge routes it to the backend that issued
+// the CID.
+//
 // The package keeps pion out of the core: only this package and its users
 // compile pion.
 package piondtls
