@@ -56,8 +56,12 @@ type Config struct {
 var (
 	// ErrConfig is wrapped when a Config cannot work.
 	ErrConfig = errors.New("edge: invalid configuration")
-	// ErrNoEdge is wrapped when there is no address to use.
+	// ErrNoEdge is wrapped when there is no address to use, or none
+	// connected.
 	ErrNoEdge = errors.New("edge: no edge address")
+	// ErrInUse is returned by Connect while the Chooser follows a session:
+	// Release it first.
+	ErrInUse = errors.New("edge: the chooser's session is still open")
 )
 
 // A SwitchFunc moves the session to sw.To. An error leaves it where it is.
@@ -78,6 +82,7 @@ type Chooser struct {
 	addrs  []netip.AddrPort // the last resolver answer, in its order
 	rank   *Ranking         // nil: none valid for addrs
 	cur    netip.AddrPort   // the session's edge
+	busy   bool             // a Connect is under way
 	streak map[netip.AddrPort]int
 	stats  Stats
 }
@@ -155,14 +160,55 @@ func (c *Chooser) Order(ctx context.Context) ([]netip.AddrPort, error) {
 	return addrs, nil
 }
 
+// Connect is a dial: it calls fn with each address of Order, in order,
+// until one succeeds (fn connects through the edge and keeps the
+// connection), then Uses that address and returns it. It returns an error
+// wrapping ErrNoEdge and every attempt's error when none succeeded, and
+// ErrInUse while a session is in use (see Release).
+func (c *Chooser) Connect(ctx context.Context, fn func(ctx context.Context, addr netip.AddrPort) error) (netip.AddrPort, error) {
+	c.mu.Lock()
+	if c.busy || c.cur.IsValid() {
+		c.mu.Unlock()
+		return netip.AddrPort{}, ErrInUse
+	}
+	c.busy = true
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.busy = false
+		c.mu.Unlock()
+	}()
+	order, err := c.Order(ctx)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	errs := []error{ErrNoEdge}
+	for _, a := range order {
+		err := fn(ctx, a)
+		if err == nil {
+			c.Use(a)
+			return a, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return netip.AddrPort{}, fmt.Errorf("no edge connected: %w", errors.Join(errs...))
+}
+
 // Use tells the Chooser that the session now runs through addr (after a
-// dial), and starts its streaks over.
+// dial of the caller's own), and starts its streaks over.
 func (c *Chooser) Use(addr netip.AddrPort) {
 	c.mu.Lock()
 	c.cur = addr
 	c.streak = nil
 	c.mu.Unlock()
 }
+
+// Release tells the Chooser that the session ended: it follows none until
+// the next Connect or Use. The ranking stays.
+func (c *Chooser) Release() { c.Use(netip.AddrPort{}) }
 
 // Current returns the edge set by Use or the last switch.
 func (c *Chooser) Current() netip.AddrPort {

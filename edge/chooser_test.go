@@ -669,3 +669,34 @@ func ExampleReason() {
 }
 
 func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed)) }
+
+func TestConnectTriesInOrderAndFollowsOneSession(t *testing.T) {
+	n := newNet(rtts{edgeA: ms(5), edgeB: ms(30), edgeC: ms(80)})
+	f := newFixture(t, n, Config{}, edgeC, edgeB, edgeA)
+	var tried []netip.AddrPort
+	got, err := f.c.Connect(t.Context(), func(_ context.Context, a netip.AddrPort) error {
+		tried = append(tried, a)
+		if a == edgeA {
+			return errDown // the probe passed, the dial did not
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, edgeB, got)
+	assert.Equal(t, []netip.AddrPort{edgeA, edgeB}, tried)
+	assert.Equal(t, edgeB, f.c.Current())
+
+	_, err = f.c.Connect(t.Context(), func(context.Context, netip.AddrPort) error { return nil })
+	require.ErrorIs(t, err, ErrInUse)
+	f.c.Release()
+	assert.False(t, f.c.Current().IsValid())
+	assert.Nil(t, f.step(), "no session, no round")
+
+	_, err = f.c.Connect(t.Context(), func(context.Context, netip.AddrPort) error { return errDown })
+	require.ErrorIs(t, err, ErrNoEdge)
+	require.ErrorIs(t, err, errDown)
+	assert.False(t, f.c.Current().IsValid())
+	got, err = f.c.Connect(t.Context(), func(context.Context, netip.AddrPort) error { return nil })
+	require.NoError(t, err)
+	assert.Equal(t, edgeA, got)
+}

@@ -2,7 +2,6 @@ package piondtls
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,10 +14,6 @@ import (
 
 	"github.com/cidroute/cidroute/edge"
 )
-
-// ErrInUse is returned by EdgeDialer.Dial while the dialer's previous
-// session is open: a dialer, like its Chooser, follows one session.
-var ErrInUse = errors.New("piondtls: the edge dialer's session is still open")
 
 // EdgeConfig configures an EdgeDialer. DTLS and Edge.Resolve are
 // required.
@@ -60,9 +55,6 @@ type EdgeDialer struct {
 	ch    *edge.Chooser
 	log   *slog.Logger
 	known atomic.Pointer[[]netip.AddrPort] // the last resolved set
-
-	mu   sync.Mutex
-	busy bool
 }
 
 // NewEdgeDialer validates cfg. It does no I/O.
@@ -142,47 +134,30 @@ func (d *EdgeDialer) Probe(ctx context.Context, addr netip.AddrPort) (edge.Sampl
 // ranking), and handshakes through each in order until one succeeds; the
 // session then stays on the best edge, as the Chooser decides, until
 // Close. An error means no edge completed a handshake; the caller's
-// reconnect backoff applies to it, and never to edge switches.
+// reconnect backoff applies to it, and never to edge switches. While the
+// dialer's session is open, Dial returns edge.ErrInUse: a dialer, like its
+// Chooser, follows one session.
 func (d *EdgeDialer) Dial(ctx context.Context) (*EdgeConn, error) {
-	d.mu.Lock()
-	if d.busy {
-		d.mu.Unlock()
-		return nil, ErrInUse
-	}
-	d.busy = true
-	d.mu.Unlock()
-	c, err := d.dial(ctx)
-	if err != nil {
-		d.release()
-	}
-	return c, err
-}
-
-func (d *EdgeDialer) release() {
-	d.mu.Lock()
-	d.busy = false
-	d.mu.Unlock()
-}
-
-func (d *EdgeDialer) dial(ctx context.Context) (*EdgeConn, error) {
-	order, err := d.ch.Order(ctx)
+	var c *EdgeConn
+	_, err := d.ch.Connect(ctx, func(ctx context.Context, a netip.AddrPort) (err error) {
+		c, err = d.dialEdge(ctx, a)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("piondtls: %w", err)
 	}
-	var errs []error
-	for _, a := range order {
-		c, err := d.dialEdge(ctx, a)
-		if err == nil {
-			return c, nil
-		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
-			break
-		}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if d.cfg.Silence > 0 {
+		c.sock.watchSilence(d.cfg.Silence, c.silent)
 	}
-	return nil, fmt.Errorf("piondtls: no edge completed a handshake: %w", errors.Join(errs...))
+	go func() {
+		defer close(c.done)
+		d.ch.Run(c.ctx, c.retarget)
+	}()
+	return c, nil
 }
 
+// dialEdge handshakes through the edge at a.
 func (d *EdgeDialer) dialEdge(ctx context.Context, a netip.AddrPort) (*EdgeConn, error) {
 	udp, err := d.listen()
 	if err != nil {
@@ -201,17 +176,7 @@ func (d *EdgeDialer) dialEdge(ctx context.Context, a netip.AddrPort) (*EdgeConn,
 		conn.Close()
 		return nil, fmt.Errorf("handshake via %v: %w", a, err)
 	}
-	c := &EdgeConn{Conn: conn, d: d, sock: s, done: make(chan struct{})}
-	c.ctx, c.cancel = context.WithCancel(context.Background())
-	d.ch.Use(a)
-	if d.cfg.Silence > 0 {
-		s.watchSilence(d.cfg.Silence, c.silent)
-	}
-	go func() {
-		defer close(c.done)
-		d.ch.Run(c.ctx, c.retarget)
-	}()
-	return c, nil
+	return &EdgeConn{Conn: conn, d: d, sock: s, done: make(chan struct{})}, nil
 }
 
 func (d *EdgeDialer) listen() (*net.UDPConn, error) {
@@ -266,7 +231,7 @@ func (c *EdgeConn) Close() error {
 		<-c.done
 		c.sock.stopSilence()
 		err = c.Conn.Close()
-		c.d.release()
+		c.d.ch.Release()
 	})
 	return err
 }

@@ -136,7 +136,7 @@ func TestEdgeSessionFailsOverWithoutHandshake(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	_, err = d.Dial(t.Context())
-	require.ErrorIs(t, err, ErrInUse)
+	require.ErrorIs(t, err, edge.ErrInUse)
 
 	first := c.Edge()
 	reply, ok := askConn(t, c, "before", time.Second)

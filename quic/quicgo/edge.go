@@ -21,9 +21,6 @@ import (
 var (
 	// ErrEdgeConfig is wrapped when an EdgeConfig cannot work.
 	ErrEdgeConfig = errors.New("quicgo: invalid edge dialer configuration")
-	// ErrInUse is returned by EdgeDialer.Dial while the dialer's previous
-	// session is open: a dialer, like its Chooser, follows one session.
-	ErrInUse = errors.New("quicgo: the edge dialer's session is still open")
 )
 
 // EdgeConfig configures an EdgeDialer. TLS, with ServerName, and
@@ -80,9 +77,6 @@ type EdgeDialer struct {
 	log *slog.Logger
 	udp *net.UDPConn
 	tr  *quic.Transport
-
-	mu   sync.Mutex
-	busy bool
 }
 
 // NewEdgeDialer validates cfg and binds the dialer's socket; Close
@@ -164,54 +158,26 @@ func (d *EdgeDialer) DialEdge(ctx context.Context, addr netip.AddrPort) (*quic.C
 // completes; the session then stays on the best edge, as the Chooser
 // decides, until Close. An error means no edge completed a handshake;
 // the caller's reconnect backoff applies to it, and never to switches.
+// While the dialer's session is open, Dial returns edge.ErrInUse.
 func (d *EdgeDialer) Dial(ctx context.Context) (*EdgeSession, error) {
-	d.mu.Lock()
-	if d.busy {
-		d.mu.Unlock()
-		return nil, ErrInUse
-	}
-	d.busy = true
-	d.mu.Unlock()
-	s, err := d.dial(ctx)
-	if err != nil {
-		d.release()
-	}
-	return s, err
-}
-
-func (d *EdgeDialer) release() {
-	d.mu.Lock()
-	d.busy = false
-	d.mu.Unlock()
-}
-
-func (d *EdgeDialer) dial(ctx context.Context) (*EdgeSession, error) {
-	order, err := d.ch.Order(ctx)
+	s := &EdgeSession{d: d, done: make(chan struct{})}
+	_, err := d.ch.Connect(ctx, func(ctx context.Context, a netip.AddrPort) error {
+		conn, err := d.handshake(ctx, a)
+		if err == nil {
+			s.set(conn, a)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("quicgo: %w", err)
 	}
-	var errs []error
-	for _, a := range order {
-		conn, err := d.handshake(ctx, a)
-		if err != nil {
-			errs = append(errs, err)
-			if ctx.Err() != nil {
-				break
-			}
-			continue
-		}
-		s := &EdgeSession{d: d, done: make(chan struct{})}
-		s.ctx, s.cancel = context.WithCancel(context.Background())
-		s.set(conn, a)
-		d.ch.Use(a)
-		var wg sync.WaitGroup
-		wg.Add(2)
-		go func() { defer wg.Done(); d.ch.Run(s.ctx, s.reconnect) }()
-		go func() { defer wg.Done(); s.watchLoss() }()
-		go func() { wg.Wait(); close(s.done) }()
-		return s, nil
-	}
-	return nil, fmt.Errorf("quicgo: no edge completed a handshake: %w", errors.Join(errs...))
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); d.ch.Run(s.ctx, s.reconnect) }()
+	go func() { defer wg.Done(); s.watchLoss() }()
+	go func() { wg.Wait(); close(s.done) }()
+	return s, nil
 }
 
 // handshake dials a and waits for the handshake to complete.
@@ -278,7 +244,7 @@ func (s *EdgeSession) Close() error {
 		s.cancel()
 		<-s.done
 		s.cur.Load().CloseWithError(0, "closed")
-		s.d.release()
+		s.d.ch.Release()
 	})
 	return nil
 }

@@ -150,7 +150,7 @@ func TestEdgeQUICPlannedSwitchReconnectsWith0RTT(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	_, err = d.Dial(t.Context())
-	require.ErrorIs(t, err, ErrInUse)
+	require.ErrorIs(t, err, edge.ErrInUse)
 	require.Equal(t, a, s.Edge())
 	first := s.Conn()
 	roundTrip(t, first, "through A") // and the session ticket arrives
