@@ -230,10 +230,10 @@ func TestEdgePionHysteresis(t *testing.T) {
 }
 
 // TestEdgePionSessionOutlivesItsEdge: the switch without a handshake. A
-// DTLS session through edge A moves to B while a reply is still on its
-// way through A, and reads it; then B dies under a steady stream of
-// messages: the silence detector moves the session back to A, and it
-// goes on. The backends see no new handshake, and the only messages lost
+// DTLS session through edge A goes silent there and moves to B while an
+// answer is still on its way through A, and reads it; then B dies under a
+// steady stream of messages: the silence detector moves the session back
+// to A, and it goes on. The backends see no new handshake, and the only messages lost
 // are those sent while B was dead and the session had not left it yet.
 func TestEdgePionSessionOutlivesItsEdge(t *testing.T) {
 	if !inNetns(t) {
@@ -252,26 +252,27 @@ func TestEdgePionSessionOutlivesItsEdge(t *testing.T) {
 	owner := answeredBy(t, reply, "hello")
 	hs := l.dtlsHandshakes()
 
-	// A gets slow; a message goes out through it and the session moves to
-	// B before the answer is back. The answer still arrives, through A,
-	// after the answer to the next message, which went through B.
-	l.edge("A").link.setRTT(300 * ms)
+	// A gets slow: 500 ms each way. A message goes out through it and,
+	// 300 ms without an answer later, the silence detector moves the
+	// session to B, before the message even reaches the backend. The
+	// backend answers through A, where the message came from; the answer
+	// is read all the same. The next message goes through B.
+	l.edge("A").link.setRTT(time.Second)
+	m0 := w.mark()
 	_, err = c.Write([]byte("slow"))
 	require.NoError(t, err)
-	sw, err := c.Failover()
-	require.NoError(t, err)
-	require.Equal(t, "B", l.edgeOf(sw.To))
-	_, err = c.Write([]byte("fast"))
-	require.NoError(t, err)
-	var got []string
 	buf := make([]byte, 2048)
-	for len(got) < 2 {
-		require.NoError(t, c.SetReadDeadline(time.Now().Add(3*time.Second)))
-		n, err := c.Read(buf)
-		require.NoError(t, err)
-		got = append(got, string(buf[:n]))
-	}
-	assert.Equal(t, []string{fmt.Sprintf("%d|fast", owner), fmt.Sprintf("%d|slow", owner)}, got)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	n, err := c.Read(buf)
+	require.NoError(t, err)
+	assert.Equal(t, fmt.Sprintf("%d|slow", owner), string(buf[:n]), "the answer in flight through A")
+	sws, _ := w.since(m0, edge.EventSwitch)
+	require.Len(t, sws, 1, "the session had left A when the answer came")
+	assert.Equal(t, "B", l.edgeOf(sws[0].Switch.To))
+	assert.Equal(t, edge.Unreachable, sws[0].Switch.Reason)
+	reply, err = ask(c, "fast", 3, time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, owner, answeredBy(t, reply, "fast"))
 	l.edge("A").link.setRTT(5 * ms)
 
 	// A stream of messages; B dies in the middle of it.
@@ -348,7 +349,7 @@ func TestEdgePionSessionOutlivesItsEdge(t *testing.T) {
 	t.Logf("%d messages, %d lost, all sent between B's death and the failover", len(msgs), len(lost))
 	assert.NotEmpty(t, lost, "the edge really died")
 	assert.Equal(t, hs, l.dtlsHandshakes(), "zero new handshakes at the backends")
-	assert.Equal(t, uint64(1), c.Stats().Silences)
+	assert.Equal(t, uint64(2), c.Stats().Silences, "A too slow, then B dead")
 
 	var mine []dtlsecho.Session
 	for _, s := range l.dtls[owner].Sessions() {
