@@ -45,6 +45,12 @@
 // drain's deadline passes, and those left are closed with close_notify and
 // counted, so that their clients open new sessions elsewhere.
 //
+// On the client side, an EdgeDialer reaches a service through the best of
+// its edges (package edge), and moves its session from edge to edge
+// without a handshake: a record with a connection ID belongs to the
+// session, and every cidroute edge routes it to the backend that issued
+// the CID.
+//
 // The package keeps pion out of the core: only this package and its users
 // compile pion, imported here as pion (pion.Config, pion.ServerOption).
 package piondtls

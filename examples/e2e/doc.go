@@ -23,6 +23,13 @@
 //     for the long run and the README's reliability table.
 //   - hostile_*: the hostile-input suite: the attacks of the hardening
 //     review replayed against the cidproxy binary, one case per attack.
+//   - edge_*: clients choosing among edges at real distance (package edge,
+//     the pion and quic-go edge dialers): each test runs in a child process
+//     in its own network namespace, with the edges and the backends in
+//     namespaces of their own and the client-edge links delayed by a TUN
+//     delay line; hysteresis, failback, the DTLS switch without a
+//     handshake, QUIC reconnects with 0-RTT. They need root and ip(8), and
+//     skip without them unless CIDROUTE_REQUIRE_TOOLS=1.
 //
 // Every test stops its replicas at the end and checks each one's counter
 // identity: received = forwarded + Σ dropped, in both directions.

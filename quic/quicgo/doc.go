@@ -16,6 +16,11 @@
 // they end or a deadline passes, then closed with CONNECTION_CLOSE and
 // counted.
 //
+// On the client side, an EdgeDialer reaches a service through the best of
+// its edges (package edge) and reconnects, with 0-RTT, when the best edge
+// changes or the current one dies: QUIC lets a client move its own
+// address, never the server's.
+//
 // It is a separate package so that importing cidroute/quic does not
 // compile quic-go.
 package quicgo

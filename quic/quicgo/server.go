@@ -16,12 +16,19 @@ import (
 //
 // Its methods are safe for concurrent use.
 type Listener struct {
-	ln *quic.Listener
+	ln serverListener
 
 	mu    sync.Mutex
 	conns map[*quic.Conn]struct{} // accepted and open
 	ended chan struct{}           // signalled when a tracked connection ends
 	cut   atomic.Uint64
+}
+
+// serverListener is a *quic.Listener or a *quic.EarlyListener.
+type serverListener interface {
+	Accept(context.Context) (*quic.Conn, error)
+	Addr() net.Addr
+	Close() error
 }
 
 // Listen starts a server on tr, as tr.Listen does, in a Listener.
@@ -33,9 +40,24 @@ func Listen(tr *quic.Transport, tlsConf *tls.Config, conf *quic.Config) (*Listen
 	return NewListener(ln), nil
 }
 
+// ListenEarly starts a server that accepts 0-RTT, as tr.ListenEarly does,
+// in a Listener.
+func ListenEarly(tr *quic.Transport, tlsConf *tls.Config, conf *quic.Config) (*Listener, error) {
+	ln, err := tr.ListenEarly(tlsConf, conf)
+	if err != nil {
+		return nil, err
+	}
+	return NewEarlyListener(ln), nil
+}
+
 // NewListener wraps ln, a listener from quic.Transport.Listen. Only
 // connections accepted through the Listener are drained.
-func NewListener(ln *quic.Listener) *Listener {
+func NewListener(ln *quic.Listener) *Listener { return newListener(ln) }
+
+// NewEarlyListener wraps ln, a listener from quic.Transport.ListenEarly.
+func NewEarlyListener(ln *quic.EarlyListener) *Listener { return newListener(ln) }
+
+func newListener(ln serverListener) *Listener {
 	return &Listener{ln: ln, conns: map[*quic.Conn]struct{}{}, ended: make(chan struct{}, 1)}
 }
 

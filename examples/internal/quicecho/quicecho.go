@@ -52,6 +52,14 @@ type Config struct {
 	// backend.Config).
 	TrustedProxies []netip.Prefix
 	Direct         backend.DirectPolicy
+	// Allow0RTT accepts 0-RTT data from resuming clients.
+	Allow0RTT bool
+	// SessionTicketKey, when set, encrypts the server's session tickets,
+	// so that every server with the same key resumes (and takes 0-RTT
+	// from) the others' clients: a new connection through another proxy
+	// or edge lands on a backend chosen by its random DCID. Nil: a random
+	// key of this server's own.
+	SessionTicketKey *[32]byte
 	// Logger receives the per-connection lines (nil: discarded).
 	Logger *slog.Logger
 	// Observe, when set, is called with every chunk a stream reads before
@@ -73,7 +81,8 @@ type Connection struct {
 	First, Last backend.Addr // the peer at the start and now
 	Streams     int
 	Bytes       int64
-	Moves       int // how often the peer changed (client or proxy)
+	Moves       int  // how often the peer changed (client or proxy)
+	Used0RTT    bool // the client resumed with 0-RTT (known once the handshake completed)
 	Open        bool
 }
 
@@ -140,7 +149,15 @@ func Listen(cfg Config) (*Server, error) {
 	var resetKey quic.StatelessResetKey
 	rand.Read(resetKey[:])
 	tr := &quic.Transport{Conn: bc, ConnectionIDGenerator: gen, StatelessResetKey: &resetKey}
-	ln, err := quicgo.Listen(tr, tlsConf, &quic.Config{})
+	if cfg.SessionTicketKey != nil {
+		tlsConf.SessionTicketKey = *cfg.SessionTicketKey
+	}
+	var ln *quicgo.Listener
+	if cfg.Allow0RTT {
+		ln, err = quicgo.ListenEarly(tr, tlsConf, &quic.Config{Allow0RTT: true})
+	} else {
+		ln, err = quicgo.Listen(tr, tlsConf, &quic.Config{})
+	}
 	if err != nil {
 		tr.Close()
 		bc.Close()
@@ -224,6 +241,15 @@ func (s *Server) serve(id uint64, c *quic.Conn) {
 	defer s.wg.Done()
 	var streams sync.WaitGroup
 	defer streams.Wait()
+	streams.Go(func() {
+		select {
+		case <-c.HandshakeComplete():
+			s.mu.Lock()
+			s.conns[id].Used0RTT = c.ConnectionState().Used0RTT
+			s.mu.Unlock()
+		case <-c.Context().Done():
+		}
+	})
 	for {
 		st, err := c.AcceptStream(s.ctx)
 		if err != nil {
