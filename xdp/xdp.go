@@ -60,6 +60,9 @@ type Program struct {
 	// snapshot.
 	inner *ebpf.MapSpec
 
+	// restore holds the loopback forwarding settings Load changed.
+	restore map[string]string
+
 	mu       sync.Mutex
 	services []*service
 	links    []attached
@@ -107,11 +110,42 @@ func Load(opts Options) (*Program, error) {
 		}
 		return nil, fmt.Errorf("xdp: loading the program: %w", err)
 	}
-	if err := p.refreshLocals(); err != nil {
+	if err := p.lookupForwarding(); err != nil {
 		p.objs.Close()
 		return nil, err
 	}
+	if err := p.refreshLocals(); err != nil {
+		p.Close()
+		return nil, err
+	}
 	return p, nil
+}
+
+// The program finds next hops with bpf_fib_lookup, which the kernel
+// answers only for an input interface with forwarding on; it looks up as
+// from loopback, and lookupForwarding turns forwarding on there (lo only:
+// no real interface starts routing). Close restores it.
+var loForwarding = []string{"/proc/sys/net/ipv4/conf/lo/forwarding", "/proc/sys/net/ipv6/conf/lo/forwarding"}
+
+func (p *Program) lookupForwarding() error {
+	p.restore = map[string]string{}
+	for _, f := range loForwarding {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue // no IPv6 on this host
+			}
+			return fmt.Errorf("xdp: %w", err)
+		}
+		if v := strings.TrimSpace(string(b)); v != "1" {
+			if err := os.WriteFile(f, []byte("1"), 0); err != nil {
+				return fmt.Errorf("xdp: the FIB lookup needs forwarding on lo: %w", err)
+			}
+			p.restore[f] = v
+			p.log.Info("xdp: forwarding turned on for lo, for the FIB lookup", "file", f)
+		}
+	}
+	return nil
 }
 
 // Service is one service of a cidroute Pipeline as the program sees it.
@@ -521,6 +555,9 @@ func (p *Program) Close() error {
 		}
 	}
 	errs = append(errs, p.objs.Close())
+	for f, v := range p.restore {
+		errs = append(errs, os.WriteFile(f, []byte(v), 0))
+	}
 	return errors.Join(errs...)
 }
 

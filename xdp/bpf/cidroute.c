@@ -818,6 +818,12 @@ static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
 	return x[0] == y[0] && x[1] == y[1];
 }
 
+static __always_inline int unspecified(const __u8 *ip)
+{
+	__u64 hi = *(const __u64 *)ip, lo = *(const __u64 *)(ip + 8);
+	return (hi == 0 && lo == 0) || (is4(ip) && ip[12] == 0 && ip[13] == 0 && ip[14] == 0 && ip[15] == 0);
+}
+
 // plain_unicast: what the kernel would take as a client's source (not
 // unspecified, loopback, multicast, broadcast or 0.0.0.0/8, class E).
 static __always_inline int plain_unicast(const __u8 *ip)
@@ -840,13 +846,20 @@ static __always_inline int plain_unicast(const __u8 *ip)
 
 // ---- FIB and transmit ------------------------------------------------------------
 
+// The kernel answers FIB lookups only for an input interface with
+// forwarding on, so they go in as from loopback (ifindex 1), where the
+// loader turns it on: the route of a locally sent datagram, which is what
+// the pipeline's sockets would get.
+#define LOOKUP_IFINDEX 1
+
 // fib finds the next hop towards dst and fills the source address (16-byte
-// form) and MACs. 0 on success, R_PASS when the stack must handle it.
+// form) and MACs. 0 on success, R_PASS when the stack must handle it (no
+// route, no neighbour entry yet, or larger than the egress MTU).
 static __always_inline int fib(struct xdp_md *ctx, int v4, const __u8 *dst, __u16 sport, __u16 dport,
 			       __u32 tot_len, __u8 *src, struct bpf_fib_lookup *f)
 {
 	__builtin_memset(f, 0, sizeof(*f));
-	f->ifindex = ctx->ingress_ifindex;
+	f->ifindex = LOOKUP_IFINDEX;
 	f->l4_protocol = IPPROTO_UDP;
 	f->sport = bpf_htons(sport);
 	f->dport = bpf_htons(dport);
@@ -1003,6 +1016,8 @@ static __always_inline int parse(struct xdp_md *ctx, struct frame *fr, __u16 *cs
 			return R_PASS;
 		__builtin_memcpy(fr->src, &ip6->saddr, 16);
 		__builtin_memcpy(fr->dst, &ip6->daddr, 16);
+		if (is4(fr->src) || is4(fr->dst))
+			return R_PASS; // IPv4-mapped on the wire: the stack's to judge
 		fr->v4 = 0;
 		udp = (void *)(ip6 + 1);
 	} else {
@@ -1062,16 +1077,13 @@ static __noinline int rp_ok(struct xdp_md *ctx, struct frame *fr)
 	struct config *cfg = bpf_map_lookup_elem(&settings, &k);
 	if (!cfg || cfg->rp_filter == 0)
 		return 1;
+	if (!fr->v4)
+		return 1; // IPv6 has no reverse path filter
 	struct bpf_fib_lookup f = {};
-	f.ifindex = ctx->ingress_ifindex;
+	f.ifindex = LOOKUP_IFINDEX;
 	f.l4_protocol = IPPROTO_UDP;
-	if (fr->v4) {
-		f.family = AF_INET;
-		__builtin_memcpy(&f.ipv4_dst, fr->src + 12, 4);
-	} else {
-		f.family = AF_INET6;
-		__builtin_memcpy(f.ipv6_dst, fr->src, 16);
-	}
+	f.family = AF_INET;
+	__builtin_memcpy(&f.ipv4_dst, fr->src + 12, 4);
 	long rc = bpf_fib_lookup(ctx, &f, sizeof(f), BPF_FIB_LOOKUP_SKIP_NEIGH);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
@@ -1266,7 +1278,7 @@ pass:
 static __always_inline __u32 addr_home(const __u8 *ip, __u16 port)
 {
 	__u64 hi = le64(ip), lo = le64(ip + 8);
-	__u64 x = lo ^ ((__u64)port << 48 | port) + hi * 0xff51afd7ed558ccdULL;
+	__u64 x = (lo ^ ((__u64)port << 48 | port)) + hi * 0xff51afd7ed558ccdULL;
 	return (__u32)((x * 0x9e3779b97f4a7c15ULL) >> 54) & (ADDR_SLOTS - 1);
 }
 
@@ -1311,15 +1323,17 @@ static __always_inline int valid_client(struct svc_cfg *s, const __u8 *ip, __u16
 		if (a == 0 || (a >> 28) == 14 || a == 0xffffffff)
 			return 0;
 		if ((a >> 24) == 127)
-			return R_PASS; // loopback: the pipeline decides (service on loopback or not)
+			return (s->pub.ip[12] == 127 && is4(s->pub.ip)) ? R_PASS : 0;
 	} else {
 		__u64 hi = *(const __u64 *)ip, lo = *(const __u64 *)(ip + 8);
 		if (hi == 0 && lo == 0)
 			return 0;
 		if (ip[0] == 0xff)
 			return 0;
-		if (hi == 0 && lo == bpf_cpu_to_be64(1))
-			return R_PASS;
+		if (hi == 0 && lo == bpf_cpu_to_be64(1)) {
+			__u64 phi = *(const __u64 *)s->pub.ip, plo = *(const __u64 *)(s->pub.ip + 8);
+			return (phi == 0 && plo == bpf_cpu_to_be64(1)) ? R_PASS : 0;
+		}
 	}
 	if (addr_eq(ip, s->pub.ip) || addr_eq(ip, s->listen.ip)) {
 		if (port == s->pub.port || port == s->listen.port)
@@ -1443,8 +1457,6 @@ static __noinline int reverse(struct xdp_md *ctx, struct frame *fr, __u32 id, __
 		count(id, DIR_REVERSE, R_BAD_DESTINATION);
 		return XDP_DROP;
 	}
-	if (is4(src.ip) != is4(dst.ip))
-		goto pass; // a family the service socket may not send
 	if (!plain_unicast(dst.ip))
 		goto pass;
 
@@ -1453,19 +1465,26 @@ static __noinline int reverse(struct xdp_md *ctx, struct frame *fr, __u32 id, __
 	__u32 hl = 16 + al;
 	__u64 hsum = bpf_csum_diff(0, 0, (void *)h, al == 12 ? 28 : 52, 0);
 	struct out *o = &sc->o;
-	o->sport = src.port;
+	o->sport = s->listen.port; // the service socket's
 	o->dport = dst.port;
 	o->plen = n - hl;
-	__builtin_memcpy(o->src, src.ip, 16);
 	__builtin_memcpy(o->dst, dst.ip, 16);
 	// psum - hsum in ones' complement: add the complement.
 	o->psum = (__u64)psum + (__u64)(~fold(hsum) & 0xffff);
 
 	int v4 = is4(o->dst);
 	__u32 ip_hl = v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
-	__u8 fsrc[16];
-	if (fib(ctx, v4, o->dst, o->sport, o->dport, ip_hl + 8 + o->plen, fsrc, (void *)sc->f))
+	if (fib(ctx, v4, o->dst, o->sport, o->dport, ip_hl + 8 + o->plen, o->src, (void *)sc->f))
 		goto pass;
+	// The source the pipeline's send would have: the address the client
+	// used (measured), else the service socket's bound address, else the
+	// route's choice (o->src from fib).
+	if (s->measured)
+		__builtin_memcpy(o->src, src.ip, 16);
+	else if (!unspecified(s->listen.ip))
+		__builtin_memcpy(o->src, s->listen.ip, 16);
+	if (is4(o->src) != v4)
+		goto pass; // a family the service socket cannot send to
 	if (trim(ctx, fr))
 		goto pass;
 	r = emit(ctx, fr->hl + hl, 0);
