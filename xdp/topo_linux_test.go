@@ -54,7 +54,7 @@ func newTopo(t testing.TB) *topo {
 	// UDP checksums on the wire, as a NIC does, not the partial ones
 	// veth may pass along.
 	for _, side := range []struct {
-		ns *netns
+		ns  *netns
 		if_ string
 	}{{tp.client, "cv"}, {tp.backend, "bv"}} {
 		side.ns.do(t, func() {
