@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 
 	"path/filepath"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/ppv2"
+	"github.com/cidroute/cidroute/registry"
 )
 
 // dtlsCIDRecord is a tls12_cid record whose CID starts with ord.
@@ -460,4 +462,50 @@ func FuzzReverse(f *testing.F) {
 		}
 		e.reverse(t, s, from, dst, b)
 	})
+}
+
+// TestSnapshotSwap: a registry update reaches the program at the next Sync
+// as one whole snapshot, and the stale flag follows the registry's.
+func TestSnapshotSwap(t *testing.T) {
+	e := newDiffEnv(t)
+	s := e.services[0] // dtls4 on reg1
+	reg := s.Backends.(*staleBackends)
+	client := ap("203.0.113.5:40000")
+	hello := dtlsRecord(22, 0xfefd, 0, []byte{1, 0, 0})
+	cid1 := dtlsCIDRecord(8, 1, 40)
+	if got := e.forward(t, s, client, s.Listen.Addr(), cid1); got != xdpTX {
+		t.Fatalf("before: verdict %d", got)
+	}
+	bs := slices.Clone(reg.Snapshot().Backends())
+	for i := range bs {
+		if bs[i].Ordinal == 1 {
+			bs[i].State = registry.Gone
+		}
+	}
+	if err := reg.Update(bs); err != nil {
+		t.Fatal(err)
+	}
+	// Not synced yet: the program still has the old snapshot.
+	if got, _ := e.run(t, udpFrame(peerMAC, proxyMAC, client, s.Listen, cid1, frameOpts{ttl: 9})); got != xdpTX {
+		t.Fatalf("before Sync: verdict %d, want the old snapshot's", got)
+	}
+	e.ns.do(t, func() {
+		if err := e.prog.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	s.snap = reg.Snapshot()
+	if got := e.forward(t, s, client, s.Listen.Addr(), cid1); got != xdpDrop {
+		t.Fatalf("after Sync: verdict %d, want the drop of a gone backend", got)
+	}
+	reg.stale.Store(true)
+	e.ns.do(t, func() { e.prog.Sync() })
+	if got := e.forward(t, s, client, s.Listen.Addr(), hello); got != xdpDrop {
+		t.Fatalf("stale: verdict %d", got)
+	}
+	reg.stale.Store(false)
+	e.ns.do(t, func() { e.prog.Sync() })
+	if got := e.forward(t, s, client, s.Listen.Addr(), hello); got != xdpTX {
+		t.Fatalf("fresh again: verdict %d", got)
+	}
 }
