@@ -1,29 +1,15 @@
 module github.com/cidroute/cidroute
 
-go 1.26.0
+// go 1.24: the oldest release the core and its tests need (testing.B.Loop);
+// the dependencies below are the newest versions that still declare go 1.24,
+// so a user's own go line is never raised by requiring this module.
+go 1.24
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0
-	github.com/pion/dtls/v2 v2.2.12
-	github.com/pion/dtls/v3 v3.1.15
-	github.com/pion/transport/v5 v5.0.0
-	github.com/pires/go-proxyproto v0.15.0
-	github.com/prometheus/client_golang v1.25.0
-	github.com/quic-go/quic-go v0.65.0
 	github.com/stretchr/testify v1.12.1
-	golang.org/x/net v0.62.0
-	golang.org/x/sys v0.50.0
+	golang.org/x/net v0.42.0
+	golang.org/x/sys v0.35.0
 )
 
-require (
-	github.com/beorn7/perks v1.0.1 // indirect
-	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
-	github.com/pion/logging v0.2.4 // indirect
-	github.com/pion/transport/v2 v2.2.4 // indirect
-	github.com/prometheus/client_model v0.6.3 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
-	github.com/prometheus/procfs v0.22.0 // indirect
-	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/crypto v0.58.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
-)
+require go.yaml.in/yaml/v3 v3.0.5 // indirect

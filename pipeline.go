@@ -256,14 +256,16 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	for _, s := range p.services {
 		for _, w := range s.workers {
 			for _, loop := range w.loops() {
-				wg.Go(func() {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
 					if err := loop(); err != nil {
 						select {
 						case errc <- err:
 						default:
 						}
 					}
-				})
+				}()
 			}
 		}
 		p.log.Info("service started", "service", s.cfg.Name, "protocol", s.cfg.Protocol,

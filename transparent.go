@@ -78,7 +78,8 @@ func newSessionTable(w *worker, sc Service, maxDatagram int) *sessionTable {
 		t.idle = int64(DefaultSessionIdle)
 	}
 	t.now.Store(time.Now().UnixNano())
-	t.wg.Go(t.sweep)
+	t.wg.Add(1)
+	go func() { defer t.wg.Done(); t.sweep() }()
 	return t
 }
 
@@ -132,7 +133,8 @@ func (t *sessionTable) session(client netip.AddrPort, local netip.Addr, backend 
 	s.seen.Store(now)
 	t.sessions[client] = s
 	t.count.Store(int64(len(t.sessions)))
-	t.wg.Go(func() { t.relay(s) })
+	t.wg.Add(1)
+	go func() { defer t.wg.Done(); t.relay(s) }()
 	return s, Forwarded
 }
 

@@ -4,8 +4,6 @@ import (
 	"encoding/hex"
 	"fmt"
 
-	piondtls "github.com/pion/dtls/v3"
-
 	"github.com/cidroute/cidroute/dtls"
 )
 
@@ -35,9 +33,9 @@ func ExampleOrdinalFirst_Generator() {
 	if err != nil {
 		panic(err)
 	}
-	// A pion/dtls v3 server issues CIDs that carry its ordinal:
-	_ = piondtls.WithConnectionIDGenerator(gen) // or dtls.Config{ConnectionIDGenerator: gen}
-
+	// Give gen to a pion/dtls v3 server as its ConnectionIDGenerator
+	// (dtls.WithConnectionIDGenerator(gen) in pion's options API): every
+	// CID it issues then carries its ordinal in byte 0.
 	cid := gen()
 	fmt.Println(len(cid), cid[0])
 	// Output: 8 3

@@ -15,7 +15,7 @@ import (
 	"github.com/cidroute/cidroute/internal/testtool"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/*.hex and the fuzz seed corpora from live captures")
+var update = flag.Bool("update", false, "rewrite the fuzz seed corpora from testdata/*.hex and the table cases")
 
 // appendRecord is the reference encoder the tests build records with. It
 // writes r.CID only for TLS12CID records and takes the length from
@@ -55,31 +55,9 @@ func readHex(t testing.TB, name string) []byte {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join("testdata", name))
 	if err != nil {
-		t.Fatalf("%v (capture it with: go test -run Live -update ./dtls)", err)
+		t.Fatalf("%v (capture it with: cd internal/interop && go test -run Live -update)", err)
 	}
 	return testtool.Hex(t, string(raw))
-}
-
-// writeHex writes a golden datagram with one record per line, so that a
-// reader sees the record boundaries.
-func writeHex(t testing.TB, name, comment string, b []byte, cidLen int) {
-	t.Helper()
-	var sb strings.Builder
-	for line := range strings.Lines(comment) {
-		sb.WriteString("# " + line)
-	}
-	sb.WriteString("\n")
-	for rest := b; len(rest) > 0; {
-		n := len(rest)
-		if _, m, err := ParseRecord(rest, cidLen); err == nil {
-			n = m
-		}
-		sb.WriteString(hex.EncodeToString(rest[:n]) + "\n")
-		rest = rest[n:]
-	}
-	if err := os.WriteFile(filepath.Join("testdata", name), []byte(sb.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // writeSeed writes one seed of the fuzz corpus of target in Go's corpus

@@ -326,7 +326,9 @@ func TestConcurrentPublish(t *testing.T) {
 		readers = max(4, 2*runtime.GOMAXPROCS(0))
 	)
 	for g := range readers {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			var (
 				last uint64
 				want []Backend
@@ -358,7 +360,7 @@ func TestConcurrentPublish(t *testing.T) {
 				}
 				runtime.Gosched() // let the writer run on a small machine
 			}
-		})
+		}()
 	}
 	for v := uint64(1); v <= generations && !failed.Load(); v++ {
 		if err := r.Update(gen(v)); err != nil {

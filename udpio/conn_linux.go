@@ -38,9 +38,18 @@ type Conn struct {
 	txIdx []int // tx.hs[j] carries ms[txIdx[j]]
 }
 
+// mmsghdr is the kernel's struct mmsghdr. golang.org/x/sys has it only from
+// releases that require Go 1.25, and the core supports Go 1.24; Go lays
+// this out as C does (Msghdr, then a 4-byte length padded to Msghdr's
+// alignment) on every architecture.
+type mmsghdr struct {
+	Hdr unix.Msghdr
+	Len uint32
+}
+
 // mmsgState is one direction's preallocated recvmmsg/sendmmsg arguments.
 type mmsgState struct {
-	hs    []unix.Mmsghdr
+	hs    []mmsghdr
 	iov   []unix.Iovec            // rx: 1 per message; tx: 2 (prefix, payload)
 	names []unix.RawSockaddrInet6 // large enough for either family
 	ctrl  []byte                  // ctrlSize per message, 8-byte aligned
@@ -49,13 +58,13 @@ type mmsgState struct {
 	// waiting on the netpoller while the socket would block, and returns how
 	// many datagrams went through. A syscall.Errno error is the kernel's
 	// verdict on hs[0]; any other error is the socket's. Tests replace it.
-	call func(hs []unix.Mmsghdr) (int, error)
+	call func(hs []mmsghdr) (int, error)
 
 	// State of the call in flight, kept here so that run's callback is a
 	// method value bound once (no closure allocation per call).
 	raw   syscall.RawConn
 	trap  uintptr
-	arg   []unix.Mmsghdr
+	arg   []mmsghdr
 	n     int
 	errno syscall.Errno
 	fn    func(fd uintptr) bool
@@ -100,7 +109,7 @@ func NewConn(c *net.UDPConn, batch int) (*Conn, error) {
 
 func (s *mmsgState) init(raw syscall.RawConn, trap uintptr, batch, iovPer int, ctrl bool) {
 	s.raw, s.trap = raw, trap
-	s.hs = make([]unix.Mmsghdr, batch)
+	s.hs = make([]mmsghdr, batch)
 	s.iov = make([]unix.Iovec, batch*iovPer)
 	s.names = make([]unix.RawSockaddrInet6, batch)
 	if ctrl {
@@ -121,7 +130,7 @@ func (s *mmsgState) init(raw syscall.RawConn, trap uintptr, batch, iovPer int, c
 
 // run performs one recvmmsg/sendmmsg through the RawConn, so EAGAIN parks
 // the goroutine on the netpoller instead of spinning or blocking a thread.
-func (s *mmsgState) run(hs []unix.Mmsghdr) (int, error) {
+func (s *mmsgState) run(hs []mmsghdr) (int, error) {
 	s.arg, s.n, s.errno = hs, 0, 0
 	var err error
 	if s.trap == unix.SYS_RECVMMSG {

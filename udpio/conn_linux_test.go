@@ -17,7 +17,6 @@ import (
 	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 )
 
 func TestRoundTripMixedSizes(t *testing.T) {
@@ -175,7 +174,7 @@ func TestOversizedDatagramMidBatch(t *testing.T) {
 func countCalls(c *Conn) (calls, partial *int) {
 	calls, partial = new(int), new(int)
 	real := c.tx.call
-	c.tx.call = func(hs []unix.Mmsghdr) (int, error) {
+	c.tx.call = func(hs []mmsghdr) (int, error) {
 		n, err := real(hs)
 		*calls++
 		if err == nil && n < len(hs) {
@@ -187,7 +186,7 @@ func countCalls(c *Conn) (calls, partial *int) {
 }
 
 // payloadOf returns the bytes a send header points at (prefix + payload).
-func payloadOf(h *unix.Mmsghdr) []byte {
+func payloadOf(h *mmsghdr) []byte {
 	iov := unsafeIovs(h)
 	var b []byte
 	for _, v := range iov {
@@ -206,7 +205,7 @@ func TestFakedPartialSendsAndRejections(t *testing.T) {
 	r, s := newConn(t, rc, 16), newConn(t, sc, 16)
 	real := s.tx.call
 	var calls int
-	s.tx.call = func(hs []unix.Mmsghdr) (int, error) {
+	s.tx.call = func(hs []mmsghdr) (int, error) {
 		calls++
 		for i := range hs {
 			var errno syscall.Errno
@@ -269,7 +268,7 @@ func TestSocketFailureMarksUnsent(t *testing.T) {
 	s := newConn(t, sc, 4)
 	real := s.tx.call
 	calls := 0
-	s.tx.call = func(hs []unix.Mmsghdr) (int, error) {
+	s.tx.call = func(hs []mmsghdr) (int, error) {
 		if calls++; calls == 3 {
 			sc.Close()
 		}

@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func unsafeIovs(h *unix.Mmsghdr) []unix.Iovec {
+func unsafeIovs(h *mmsghdr) []unix.Iovec {
 	return unsafe.Slice(h.Hdr.Iov, int(h.Hdr.Iovlen))
 }
 

@@ -29,7 +29,9 @@ func start(t testing.TB, pp bool) netip.AddrPort {
 	}
 	var wg sync.WaitGroup
 	t.Cleanup(func() { c.Close(); wg.Wait() })
-	wg.Go(func() {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
 		buf := make([]byte, 65535)
 		for {
 			n, from, err := c.ReadFromUDPAddrPort(buf)
@@ -47,6 +49,6 @@ func start(t testing.TB, pp bool) netip.AddrPort {
 			}
 			c.WriteToUDPAddrPort(out, from)
 		}
-	})
+	}()
 	return c.LocalAddr().(*net.UDPAddr).AddrPort()
 }

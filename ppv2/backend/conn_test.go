@@ -467,7 +467,9 @@ func TestConcurrentWriters(t *testing.T) {
 	const per = 50
 	var wg sync.WaitGroup
 	for g := range 6 {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for i := range per {
 				a := addrs[(g+i)%len(addrs)]
 				if _, err := c.WriteTo([]byte("r"), a); err != nil {
@@ -480,13 +482,15 @@ func TestConcurrentWriters(t *testing.T) {
 					c.Stats()
 				}
 			}
-		})
+		}()
 	}
-	wg.Go(func() {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
 		pxs[0].proxied(c, client2, []byte("during"))
 		b, _ := read(t, c)
 		assert.Equal(t, "during", string(b))
-	})
+	}()
 	wg.Wait()
 	assert.Equal(t, uint64(6*per), c.Stats().WrittenProxied)
 }

@@ -11,6 +11,8 @@ require (
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/cidroute/cidroute/dtls/piondtls v0.0.0 // indirect
+	github.com/cidroute/cidroute/examples v0.0.0
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.1 // indirect
@@ -70,5 +72,8 @@ require (
 
 replace (
 	github.com/cidroute/cidroute => ../../..
+	github.com/cidroute/cidroute/dtls/piondtls => ../../../dtls/piondtls
+	github.com/cidroute/cidroute/examples => ../..
+	github.com/cidroute/cidroute/quic/quicgo => ../../../quic/quicgo
 	github.com/cidroute/cidroute/registry/kubernetes => ../../../registry/kubernetes
 )

@@ -1,4 +1,4 @@
-package dtls
+package interop
 
 // Differential checks against pion's public recordlayer package. pion splits
 // a datagram by lengths only (ContentAwareUnpackDatagram) and checks type
@@ -8,10 +8,13 @@ package dtls
 import (
 	"bytes"
 	"errors"
+	"path/filepath"
 	"testing"
 
 	"github.com/pion/dtls/v3/pkg/protocol"
 	"github.com/pion/dtls/v3/pkg/protocol/recordlayer"
+
+	"github.com/cidroute/cidroute/dtls"
 )
 
 // pionHeader parses one record header with pion.
@@ -25,9 +28,9 @@ func pionHeader(pkt []byte, cidLen int) (recordlayer.Header, error) {
 }
 
 // checkAgainstPion compares Classify's verdict (c, err) on b with pion's.
-func checkAgainstPion(t testing.TB, b []byte, cidLen int, c Class, err error) {
+func checkAgainstPion(t testing.TB, b []byte, cidLen int, c dtls.Class, err error) {
 	t.Helper()
-	if errors.Is(err, ErrCIDLength) {
+	if errors.Is(err, dtls.ErrCIDLength) {
 		return // nothing to compare: pion takes any length
 	}
 	pkts, perr := recordlayer.ContentAwareUnpackDatagram(b, cidLen)
@@ -56,20 +59,20 @@ func checkAgainstPion(t testing.TB, b []byte, cidLen int, c Class, err error) {
 		comparePion(t, pkts[i], cidLen, i)
 	}
 	pkt := pkts[c.Records]
-	hl := HeaderLen
-	if ContentType(pkt[0]) == TLS12CID {
+	hl := dtls.HeaderLen
+	if dtls.ContentType(pkt[0]) == dtls.TLS12CID {
 		hl += cidLen
 	}
 	_, herr := pionHeader(pkt, cidLen)
 	var ok bool
 	switch err {
-	case ErrContentType:
-		ok = !validType(ContentType(pkt[0])) && pkt[0]&0xe0 != 0x20
-	case ErrDTLS13:
+	case dtls.ErrContentType:
+		ok = !validType(pkt[0]) && pkt[0]&0xe0 != 0x20
+	case dtls.ErrDTLS13:
 		ok = pkt[0]&0xe0 == 0x20
-	case ErrVersion:
+	case dtls.ErrVersion:
 		ok = herr != nil
-	case ErrEmptyRecord:
+	case dtls.ErrEmptyRecord:
 		ok = len(pkt) == hl // pion allows it except as the last record
 	}
 	if !ok {
@@ -77,11 +80,11 @@ func checkAgainstPion(t testing.TB, b []byte, cidLen int, c Class, err error) {
 	}
 }
 
-// comparePion checks that ParseRecord and pion read the same header from a
+// comparePion checks that dtls.ParseRecord and pion read the same header from a
 // record pion split off.
 func comparePion(t testing.TB, pkt []byte, cidLen, i int) {
 	t.Helper()
-	r, n, err := ParseRecord(pkt, cidLen)
+	r, n, err := dtls.ParseRecord(pkt, cidLen)
 	if err != nil || n != len(pkt) {
 		t.Fatalf("record %d: n=%d err=%v, pion: %d bytes: % x", i, n, err, len(pkt), pkt)
 	}
@@ -94,4 +97,59 @@ func comparePion(t testing.TB, pkt []byte, cidLen, i int) {
 		h.Size()+len(r.Fragment) != len(pkt) {
 		t.Fatalf("record %d: we read %+v, pion %+v: % x", i, r, h, pkt)
 	}
+}
+
+// validType reports a DTLS 1.2 content type: change_cipher_spec, alert,
+// handshake, application_data (20-23) and tls12_cid (25).
+func validType(t byte) bool { return t >= 20 && t <= 23 || t == 25 }
+
+// FuzzClassifyPion holds dtls.Classify to pion on dtls's FuzzClassify
+// corpus (the captures and every synthetic case of its table tests), and on
+// whatever the fuzzer finds from there.
+func FuzzClassifyPion(f *testing.F) {
+	for _, v := range corpus(f, filepath.Join(dtlsTestdata, "fuzz", "FuzzClassify")) {
+		f.Add(v[0].([]byte), v[1].(byte))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, cidLen8 byte) {
+		c, err := dtls.Classify(b, int(cidLen8))
+		checkAgainstPion(t, b, int(cidLen8), c, err)
+	})
+}
+
+// FuzzParseRecordPion: a record dtls.ParseRecord accepts, pion reads the
+// same.
+func FuzzParseRecordPion(f *testing.F) {
+	for _, v := range corpus(f, filepath.Join(dtlsTestdata, "fuzz", "FuzzParseRecord")) {
+		f.Add(v[0].([]byte), v[1].(byte))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, cidLen8 byte) {
+		cidLen := int(cidLen8)
+		if _, n, err := dtls.ParseRecord(b, cidLen); err == nil {
+			comparePion(t, b[:n], cidLen, 0)
+		}
+	})
+}
+
+// TestGoldenPion: every golden capture, and every cut of it, gets the same
+// verdict from dtls.Classify and pion.
+func TestGoldenPion(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(dtlsTestdata, "*.hex"))
+	noErr(t, err)
+	isTrue(t, len(files) >= 7, "golden captures in %s", dtlsTestdata)
+	for _, f := range files {
+		b := readHex(t, filepath.Base(f))
+		for cut := 0; cut <= len(b); cut++ {
+			c, err := dtls.Classify(b[:cut], liveCIDLen)
+			checkAgainstPion(t, b[:cut], liveCIDLen, c, err)
+		}
+	}
+}
+
+// TestGoldenServerHelloCID checks with pion's handshake parser that the
+// CID the pion server announced carries its ordinal.
+func TestGoldenServerHelloCID(t *testing.T) {
+	cid, ok := serverHelloCID(readHex(t, "pion_server_hello.hex"))
+	isTrue(t, ok)
+	eq(t, liveCIDLen, len(cid))
+	eq(t, uint8(liveOrdinal), cid[0])
 }

@@ -1,9 +1,9 @@
-package backend_test
+package quicgo_test
 
-// A quic-go server over backend.Conn behind two cidroute.Pipeline
-// replicas, and a quic-go client that migrates to a new local socket and
-// another replica mid-stream. Only this test file compiles quic-go; the
-// package does not import it.
+// A quic-go server over ppv2/backend.Conn (with this package's generator)
+// behind two cidroute.Pipeline replicas, and a quic-go client that migrates
+// to a new local socket and another replica mid-stream. It lives here, in
+// the quic-go adapter's module, so that the core module needs no quic-go.
 
 import (
 	"context"

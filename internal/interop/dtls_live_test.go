@@ -1,9 +1,10 @@
-package dtls
+package interop
 
 // Live captures from real peers on loopback: a pion/dtls v3 session with
-// connection IDs, and OpenSSL's s_client ClientHello. With -update they also
-// rewrite the golden datagrams in testdata/ and the fuzz seed corpora, so
-// that the table tests (golden_test.go) run without any peer.
+// connection IDs, and OpenSSL's s_client ClientHello. With -update they
+// rewrite the golden datagrams in dtls/testdata/, so that dtls's own table
+// tests run without any peer; `go test -update ./dtls` then rewrites its fuzz
+// seed corpora from them.
 
 import (
 	"bytes"
@@ -21,6 +22,7 @@ import (
 	"github.com/pion/dtls/v3/pkg/protocol/extension"
 	"github.com/pion/dtls/v3/pkg/protocol/handshake"
 
+	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/internal/testtool"
 )
 
@@ -77,7 +79,7 @@ func pionSession(t *testing.T) (dgrams []captured, issued [][]byte) {
 
 	cert, err := selfsign.GenerateSelfSigned()
 	noErr(t, err)
-	newCID, err := OrdinalFirst{Length: liveCIDLen}.Generator(liveOrdinal)
+	newCID, err := dtls.OrdinalFirst{Length: liveCIDLen}.Generator(liveOrdinal)
 	noErr(t, err)
 	var genMu sync.Mutex
 	gen := func() []byte { // remembers what it issued
@@ -152,13 +154,13 @@ func pionSession(t *testing.T) (dgrams []captured, issued [][]byte) {
 // a server datagram, parsed with pion's handshake package.
 func serverHelloCID(b []byte) ([]byte, bool) {
 	for rest := b; len(rest) > 0; {
-		r, n, err := ParseRecord(rest, liveCIDLen)
+		r, n, err := dtls.ParseRecord(rest, liveCIDLen)
 		if err != nil {
 			return nil, false
 		}
 		rest = rest[n:]
 		var h handshake.Header
-		if r.Type != Handshake || h.Unmarshal(r.Fragment) != nil || h.Type != handshake.TypeServerHello {
+		if r.Type != dtls.Handshake || h.Unmarshal(r.Fragment) != nil || h.Type != handshake.TypeServerHello {
 			continue
 		}
 		var sh handshake.MessageServerHello
@@ -188,7 +190,7 @@ func TestLivePion(t *testing.T) {
 	}
 	isTrue(t, slices.ContainsFunc(issued, func(c []byte) bool { return bytes.Equal(c, serverCID) }),
 		"ServerHello CID % x not issued by the generator (%d issued)", serverCID, len(issued))
-	ord, ok := OrdinalFirst{Length: liveCIDLen}.Ordinal(serverCID)
+	ord, ok := dtls.OrdinalFirst{Length: liveCIDLen}.Ordinal(serverCID)
 	isTrue(t, ok)
 	eq(t, uint8(liveOrdinal), ord, "the server's CID carries its ordinal")
 
@@ -201,13 +203,13 @@ func TestLivePion(t *testing.T) {
 	established := false // has the client sent a CID record yet?
 	clientHellos, cidDatagrams := 0, 0
 	for i, d := range dgrams {
-		c, err := Classify(d.b, liveCIDLen)
+		c, err := dtls.Classify(d.b, liveCIDLen)
 		noErr(t, err, "datagram %d (from client: %v): % x", i, d.fromClient, d.b)
 		checkAgainstPion(t, d.b, liveCIDLen, c, err)
 		if !d.fromClient {
 			// The client offered a zero-length CID: the server sends no CID
 			// records.
-			eq(t, KindNew, c.Kind, "server datagram %d", i)
+			eq(t, dtls.KindNew, c.Kind, "server datagram %d", i)
 			if cid, ok := serverHelloCID(d.b); ok {
 				eq(t, serverCID, cid, "ServerHello connection_id")
 				keep("pion_server_hello.hex", d.b)
@@ -216,15 +218,15 @@ func TestLivePion(t *testing.T) {
 		}
 		if c.ClientHello {
 			clientHellos++
-			eq(t, KindNew, c.Kind)
+			eq(t, dtls.KindNew, c.Kind)
 			keep(fmt.Sprintf("pion_clienthello_%d.hex", clientHellos), d.b)
 			continue
 		}
-		if c.Kind == KindEstablished {
+		if c.Kind == dtls.KindEstablished {
 			eq(t, serverCID, c.CID, "datagram %d", i)
-			first, _, err := ParseRecord(d.b, liveCIDLen)
+			first, _, err := dtls.ParseRecord(d.b, liveCIDLen)
 			noErr(t, err)
-			if first.Type == Handshake && first.Epoch == 0 {
+			if first.Type == dtls.Handshake && first.Epoch == 0 {
 				// Flight 5 (or its retransmission): ClientKeyExchange,
 				// ChangeCipherSpec, then Finished as the only CID record.
 				eq(t, 3, c.Records)
@@ -234,7 +236,7 @@ func TestLivePion(t *testing.T) {
 				// Then "ping" and close_notify, one CID record each.
 				isTrue(t, established, "CID record before flight 5")
 				eq(t, 1, c.Records)
-				eq(t, TLS12CID, first.Type)
+				eq(t, dtls.TLS12CID, first.Type)
 				cidDatagrams++
 				switch cidDatagrams {
 				case 1:
@@ -257,7 +259,6 @@ func TestLivePion(t *testing.T) {
 		for name, b := range golden {
 			writeHex(t, name, fmt.Sprintf("captured by TestLivePion -update: pion/dtls v3.1.15, cidLen %d, server ordinal %d", liveCIDLen, liveOrdinal), b, liveCIDLen)
 		}
-		writeSeeds(t)
 	}
 }
 
@@ -267,18 +268,17 @@ func TestLiveOpenSSL(t *testing.T) {
 	openssl := testtool.Look(t, "openssl", "openssl")
 	b := opensslClientHello(t, openssl)
 
-	r, _, err := ParseRecord(b, liveCIDLen)
+	r, _, err := dtls.ParseRecord(b, liveCIDLen)
 	noErr(t, err)
-	eq(t, VersionDTLS10, r.Version)
-	c, err := Classify(b, liveCIDLen)
+	eq(t, dtls.VersionDTLS10, r.Version)
+	c, err := dtls.Classify(b, liveCIDLen)
 	noErr(t, err)
-	eq(t, Class{Kind: KindNew, ClientHello: true, Records: 1}, c)
+	eq(t, dtls.Class{Kind: dtls.KindNew, ClientHello: true, Records: 1}, c)
 	checkAgainstPion(t, b, liveCIDLen, c, err)
 
 	if *update {
 		out, _ := exec.Command(openssl, "version").Output()
 		writeHex(t, "openssl_clienthello.hex", "captured by TestLiveOpenSSL -update: openssl s_client -dtls1_2, "+string(bytes.TrimSpace(out)), b, liveCIDLen)
-		writeSeeds(t)
 	}
 }
 

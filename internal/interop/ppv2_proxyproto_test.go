@@ -1,4 +1,4 @@
-package ppv2_test
+package interop
 
 import (
 	"bufio"
@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"testing"
 
 	"github.com/pires/go-proxyproto"
@@ -221,4 +222,72 @@ func TestInteropTheirsRejected(t *testing.T) {
 		_, _, err = ppv2.Parse(b)
 		errIs(t, err, tc.want, tc.name)
 	}
+}
+
+// FuzzParseProxyproto: go-proxyproto accepts what ppv2.Parse accepts (up to
+// its own 4096-byte limit) and reads the same addresses, TLVs and payload.
+// Seeds: ppv2's FuzzParse corpus.
+func FuzzParseProxyproto(f *testing.F) {
+	for _, v := range corpus(f, filepath.Join(ppv2Testdata, "fuzz", "FuzzParse")) {
+		f.Add(v[0].([]byte))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, off, err := ppv2.Parse(b)
+		if err != nil {
+			return
+		}
+		// Differential: go-proxyproto accepts what we accept (up to its
+		// own 4096-byte limit) and reads the same addresses and payload.
+		if off-16 > int(proxyproto.MaxV2HeaderSize) {
+			return
+		}
+		th, rest, err := proxyproto.ParseUDPDatagram(b)
+		if err != nil {
+			t.Fatalf("go-proxyproto rejects what we accept: %v", err)
+		}
+		if !bytes.Equal(rest, b[off:]) {
+			t.Fatalf("payload: go-proxyproto %d bytes, ours %d", len(rest), len(b)-off)
+		}
+		if h.Command == ppv2.Proxy {
+			if th.Command != proxyproto.PROXY || udpAddrPort(t, th.SourceAddr) != h.Src || udpAddrPort(t, th.DestinationAddr) != h.Dst {
+				t.Fatalf("go-proxyproto reads %v %v -> %v, ours %v -> %v", th.Command, th.SourceAddr, th.DestinationAddr, h.Src, h.Dst)
+			}
+		} else if th.Command != proxyproto.LOCAL {
+			t.Fatalf("go-proxyproto reads %v, ours LOCAL", th.Command)
+		}
+		theirs, err := th.TLVs()
+		if err != nil {
+			t.Fatalf("go-proxyproto TLVs: %v", err)
+		}
+		var ours []proxyproto.TLV
+		for tl := h.TLVs; len(tl) > 0; {
+			l := int(binary.BigEndian.Uint16(tl[1:]))
+			ours = append(ours, proxyproto.TLV{Type: proxyproto.PP2Type(tl[0]), Value: tl[3 : 3+l]})
+			tl = tl[3+l:]
+		}
+		if len(ours) != len(theirs) {
+			t.Fatalf("%d TLVs, go-proxyproto %d", len(ours), len(theirs))
+		}
+		for i := range ours {
+			if ours[i].Type != theirs[i].Type || ours[i].Type != proxyproto.PP2_TYPE_NOOP && !bytes.Equal(ours[i].Value, theirs[i].Value) {
+				t.Fatalf("TLV %d: ours %v % x, go-proxyproto %v % x", i, ours[i].Type, ours[i].Value, theirs[i].Type, theirs[i].Value)
+			}
+		}
+
+		// And it reads our re-encoding of the header the same way.
+		enc, err := ppv2.AppendHeader(nil, h)
+		if err != nil {
+			t.Fatalf("re-encoding %+v: %v", h, err)
+		}
+		if len(enc)-16 > int(proxyproto.MaxV2HeaderSize) {
+			return
+		}
+		th2, rest2, err := proxyproto.ParseUDPDatagram(append(enc, b[off:]...))
+		if err != nil || !bytes.Equal(rest2, b[off:]) {
+			t.Fatalf("go-proxyproto on our encoding % x: %v", enc, err)
+		}
+		if h.Command == ppv2.Proxy && (udpAddrPort(t, th2.SourceAddr) != h.Src || udpAddrPort(t, th2.DestinationAddr) != h.Dst) {
+			t.Fatalf("go-proxyproto reads our encoding as %v -> %v, want %v -> %v", th2.SourceAddr, th2.DestinationAddr, h.Src, h.Dst)
+		}
+	})
 }
