@@ -4,6 +4,8 @@ go 1.26.0
 
 require (
 	github.com/cidroute/cidroute v0.0.0
+	github.com/cidroute/cidroute/dtls/piondtls v0.0.0
+	github.com/cidroute/cidroute/quic/quicgo v0.0.0
 	github.com/cilium/ebpf v0.22.0
 	github.com/pion/dtls/v3 v3.1.15
 	github.com/quic-go/quic-go v0.65.0
@@ -18,6 +20,10 @@ require (
 	golang.org/x/net v0.62.0 // indirect
 )
 
-replace github.com/cidroute/cidroute => ../
+replace (
+	github.com/cidroute/cidroute => ..
+	github.com/cidroute/cidroute/dtls/piondtls => ../dtls/piondtls
+	github.com/cidroute/cidroute/quic/quicgo => ../quic/quicgo
+)
 
 tool github.com/cilium/ebpf/cmd/bpf2go
