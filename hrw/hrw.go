@@ -92,6 +92,16 @@ func (t *Table) Len() int {
 	return t.n
 }
 
+// Seed returns the seed the table hashes keys with.
+func (t *Table) Seed() uint64 { return t.seed }
+
+// Owners copies the bucket table into dst: keys whose XXH64 with Seed
+// has the top BucketBits bits j map to ordinal dst[j], as Pick computes it
+// (when Len is 0, Pick picks nothing and dst means nothing). It is for programs that pick outside
+// Go, such as the XDP fast path (module cidroute/xdp), and stay
+// bit-identical with Pick by hashing the same way.
+func (t *Table) Owners(dst *[Buckets]uint8) { *dst = t.owner }
+
 // Pick returns the ordinal that key maps to. ok is false when the table has
 // no candidate with a weight above zero. It does not allocate.
 func (t *Table) Pick(key []byte) (ordinal uint8, ok bool) {

@@ -141,3 +141,30 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+// Owners and Seed are what an outside picker (the XDP program) needs: the
+// bucket of XXH64(key, Seed()) in Owners must be Pick's answer.
+func TestOwnersAgreeWithPick(t *testing.T) {
+	tab, err := New(0x5eed, []Candidate{{Ordinal: 0, Weight: 1}, {Ordinal: 3, Weight: 2}, {Ordinal: 9, Weight: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tab.Seed() != 0x5eed {
+		t.Fatalf("Seed %#x", tab.Seed())
+	}
+	var own [Buckets]uint8
+	tab.Owners(&own)
+	key := make([]byte, 0, 40)
+	for i := range 5000 {
+		key = key[:0]
+		for j := range i % 40 {
+			key = append(key, byte(uint64(i+j)*0x9e3779b97f4a7c15>>56))
+		}
+		want, _ := tab.Pick(key)
+		d := xxhash.NewWithSeed(tab.Seed())
+		d.Write(key)
+		if got := own[d.Sum64()>>(64-BucketBits)]; got != want {
+			t.Fatalf("key %x: Owners says %d, Pick %d", key, got, want)
+		}
+	}
+}

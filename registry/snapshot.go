@@ -134,6 +134,12 @@ func (s *Snapshot) PickNewAddrs(client, service netip.AddrPort) (b *Backend, ok 
 	return s.Backend(o)
 }
 
+// Table returns the HRW table that PickNew and PickNewAddrs use, over the
+// ready backends; nil when none is ready. It is shared, immutable, and for
+// code that must pick exactly as the snapshot does outside Go (the XDP
+// fast path).
+func (s *Snapshot) Table() *hrw.Table { return s.pick }
+
 // IsBackend reports whether addr, the physical sender of a reply, is a ready
 // or draining backend of the service: a draining backend still answers its
 // established sessions. A gone backend is not one, because its address may

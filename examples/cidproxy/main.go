@@ -14,4 +14,4 @@ package main
 
 import "github.com/cidroute/cidroute/examples/internal/proxyapp"
 
-func main() { proxyapp.Main(proxyapp.Options{}) }
+func main() { proxyapp.Main(proxyapp.Options{XDP: startXDP}) }

@@ -29,6 +29,9 @@ type Options struct {
 	// Kubernetes makes the registry source of a service whose config has a
 	// "kubernetes" key; nil in builds without Kubernetes support.
 	Kubernetes func(k Kubernetes, log *slog.Logger) (registry.Source, error)
+	// XDP starts the XDP fast path on the "xdp_interfaces"; nil in builds
+	// without it (xdp.go).
+	XDP XDPFunc
 }
 
 var errNoKubernetes = errors.New(`"kubernetes" backends need the Kubernetes build of cidproxy (examples/kubernetes/cidproxy)`)

@@ -150,13 +150,13 @@ func TestBinary(t *testing.T) {
 
 	const fwd, rev = `direction="forward"`, `direction="reverse"`
 	key := func(dir, outcome, reason string) string {
-		return fmt.Sprintf(`cidroute_datagrams_total{%s,outcome=%q,reason=%q,service="coaps"}`, dir, outcome, reason)
+		return fmt.Sprintf(`cidroute_datagrams_total{%s,outcome=%q,path="socket",reason=%q,service="coaps"}`, dir, outcome, reason)
 	}
 	var m map[string]float64
 	// Workers publish counters after each batch's send; wait for the last.
 	waitFor(t, 5*time.Second, "counters", func() bool {
 		m = scrape()
-		return m[key(rev, "forwarded", "")] == float64(echoed) && m[`cidroute_datagrams_received_total{`+fwd+`,service="coaps"}`] == float64(sent)
+		return m[key(rev, "forwarded", "")] == float64(echoed) && m[`cidroute_datagrams_received_total{`+fwd+`,path="socket",service="coaps"}`] == float64(sent)
 	})
 	require.Equal(t, float64(echoed), m[key(fwd, "forwarded", "")])
 	require.Equal(t, float64(1), m[key(fwd, "dropped", "malformed")])
@@ -168,9 +168,9 @@ func TestBinary(t *testing.T) {
 				outcomes += v
 			}
 		}
-		require.Equal(t, m[`cidroute_datagrams_received_total{`+dir+`,service="coaps"}`], outcomes, "received = forwarded + dropped, %s", dir)
+		require.Equal(t, m[`cidroute_datagrams_received_total{`+dir+`,path="socket",service="coaps"}`], outcomes, "received = forwarded + dropped, %s", dir)
 	}
-	require.Equal(t, float64(echoed), m[`cidroute_datagrams_received_total{`+rev+`,service="coaps"}`])
+	require.Equal(t, float64(echoed), m[`cidroute_datagrams_received_total{`+rev+`,path="socket",service="coaps"}`])
 	require.Equal(t, float64(2), m[`cidroute_registry_backends{service="coaps",state="ready"}`])
 	require.Equal(t, float64(1), m[`cidroute_registry_backends{service="coaps",state="draining"}`])
 	require.Equal(t, float64(0), m[`cidroute_registry_backends{service="coaps",state="gone"}`])

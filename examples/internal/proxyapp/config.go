@@ -30,7 +30,8 @@ type fileConfig struct {
 	HRWSeed       uint64            `json:"hrw_seed"`
 	MetricsListen string            `json:"metrics_listen"`
 	LogLevel      string            `json:"log_level"`
-	Services      []json.RawMessage `json:"services"` // decoded one by one, to name the service in errors
+	XDPInterfaces []string          `json:"xdp_interfaces"` // xdp.go
+	Services      []json.RawMessage `json:"services"`       // decoded one by one, to name the service in errors
 }
 
 type fileService struct {
@@ -65,6 +66,7 @@ type config struct {
 	Seed          uint64
 	MetricsListen string // "" = no metrics endpoint
 	LogLevel      slog.Level
+	XDPInterfaces []string // the XDP fast path's interfaces (xdp.go)
 	Services      []serviceConfig
 	// Join (the -join flag, never in the file) lets the services' sockets
 	// join the SO_REUSEPORT groups a running instance holds on their
@@ -155,7 +157,10 @@ func parseConfig(r io.Reader) (*config, error) {
 	if err := decodeStrict(r, &fc); err != nil {
 		return nil, err
 	}
-	cfg := &config{Seed: fc.HRWSeed, MetricsListen: fc.MetricsListen}
+	cfg := &config{Seed: fc.HRWSeed, MetricsListen: fc.MetricsListen, XDPInterfaces: fc.XDPInterfaces}
+	if err := checkXDP(fc.XDPInterfaces); err != nil {
+		return nil, err
+	}
 	if fc.MetricsListen != "" {
 		if err := checkHostPort(fc.MetricsListen); err != nil {
 			return nil, fmt.Errorf("metrics_listen: %w", err)

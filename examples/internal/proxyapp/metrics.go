@@ -24,11 +24,11 @@ type collector struct {
 
 var (
 	descDatagrams = prometheus.NewDesc("cidroute_datagrams_total",
-		"Datagrams handled, by service, direction (forward: client to backend, reverse: backend to client), outcome and drop reason.",
-		[]string{"service", "direction", "outcome", "reason"}, nil)
+		"Datagrams handled, by service, direction (forward: client to backend, reverse: backend to client), outcome, drop reason and path (socket: the pipeline; xdp: the XDP fast path).",
+		[]string{"service", "direction", "outcome", "reason", "path"}, nil)
 	descReceived = prometheus.NewDesc("cidroute_datagrams_received_total",
-		"Datagrams received, by service and direction; equals the sum of cidroute_datagrams_total over outcome and reason.",
-		[]string{"service", "direction"}, nil)
+		"Datagrams received, by service, direction and path; equals the sum of cidroute_datagrams_total over outcome and reason.",
+		[]string{"service", "direction", "path"}, nil)
 	descBackends = prometheus.NewDesc("cidroute_registry_backends",
 		"Backends in the service's current registry snapshot, by state.",
 		[]string{"service", "state"}, nil)
@@ -61,18 +61,20 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
-	for _, s := range c.p.pipe.Stats() {
-		ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(s.Sessions), s.Name)
+	for _, s := range c.p.stats() {
+		if s.path == "socket" {
+			ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(s.Sessions), s.Name)
+		}
 		for _, d := range []struct {
 			name    string
 			c       *cidroute.Counters
 			reasons cidroute.ReasonSet
 		}{{"forward", &s.Forward, cidroute.ForwardDrops}, {"reverse", &s.Reverse, cidroute.ReverseDrops}} {
-			ch <- prometheus.MustNewConstMetric(descReceived, prometheus.CounterValue, float64(d.c.Received), s.Name, d.name)
-			ch <- prometheus.MustNewConstMetric(descDatagrams, prometheus.CounterValue, float64(d.c.Forwarded), s.Name, d.name, "forwarded", "")
+			ch <- prometheus.MustNewConstMetric(descReceived, prometheus.CounterValue, float64(d.c.Received), s.Name, d.name, s.path)
+			ch <- prometheus.MustNewConstMetric(descDatagrams, prometheus.CounterValue, float64(d.c.Forwarded), s.Name, d.name, "forwarded", "", s.path)
 			for r := cidroute.Reason(1); r < cidroute.NumReasons; r++ {
 				if n := d.c.Dropped[r]; n > 0 || d.reasons.Has(r) {
-					ch <- prometheus.MustNewConstMetric(descDatagrams, prometheus.CounterValue, float64(n), s.Name, d.name, "dropped", r.String())
+					ch <- prometheus.MustNewConstMetric(descDatagrams, prometheus.CounterValue, float64(n), s.Name, d.name, "dropped", r.String(), s.path)
 				}
 			}
 		}

@@ -23,6 +23,7 @@ type proxy struct {
 	log      *slog.Logger
 	pipe     *cidroute.Pipeline
 	services []*proxyService
+	accel    Accelerator // the XDP fast path, or nil (xdp.go)
 
 	stopSources context.CancelFunc
 	sources     sync.WaitGroup
@@ -106,6 +107,11 @@ func newProxy(cfg *config, log *slog.Logger, opts Options) (*proxy, error) {
 		return nil, err
 	}
 	p.pipe = pipe
+	if err := p.startXDP(cfg, pc, opts, log); err != nil {
+		p.close()
+		return nil, err
+	}
+	p.runXDP(ctx)
 	for _, ps := range p.services {
 		if ps.keys != nil {
 			p.sources.Go(func() { ps.keys.Run(ctx) })
@@ -135,6 +141,7 @@ const sourceStopWait = time.Second
 // close stops the sources and the registries' timers, and the pipeline if
 // it never ran. It is idempotent.
 func (p *proxy) close() {
+	p.closeXDP()
 	if p.pipe != nil {
 		p.pipe.Close()
 	}

@@ -1,0 +1,108 @@
+package proxyapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/cidroute/cidroute"
+)
+
+// An Accelerator is a fast path beside the pipeline: the XDP program of
+// module cidroute/xdp (xdp.Accelerate), which decides in the driver what
+// it can and hands the rest up to the pipeline's sockets.
+type Accelerator interface {
+	// Run keeps the fast path's view of the registries current until ctx
+	// is done.
+	Run(ctx context.Context) error
+	// Stats are the datagrams the fast path decided, by service; those it
+	// handed up are in the pipeline's own Stats.
+	Stats() []cidroute.ServiceStats
+	Close() error
+}
+
+// XDPFunc starts the fast path for a built pipeline on the given
+// interfaces; cidproxy's main passes one wrapping xdp.Accelerate.
+type XDPFunc func(pipe *cidroute.Pipeline, services []cidroute.Service, maxDatagram int, interfaces []string, log *slog.Logger) (Accelerator, error)
+
+var errNoXDP = errors.New(`"xdp_interfaces" needs a build of cidproxy with the XDP fast path (module cidroute/xdp)`)
+
+// checkXDP validates the "xdp_interfaces" key: names of interfaces,
+// each once. Whether they exist is checked when the program attaches.
+func checkXDP(names []string) error {
+	seen := map[string]bool{}
+	for _, n := range names {
+		if n == "" || len(n) >= 16 || seen[n] { // IFNAMSIZ
+			return fmt.Errorf("xdp_interfaces: %q: want distinct interface names", n)
+		}
+		seen[n] = true
+	}
+	return nil
+}
+
+// startXDP attaches the fast path when the configuration names
+// interfaces. pc is the pipeline's configuration.
+func (p *proxy) startXDP(cfg *config, pc cidroute.Config, opts Options, log *slog.Logger) error {
+	if len(cfg.XDPInterfaces) == 0 {
+		return nil
+	}
+	if opts.XDP == nil {
+		return errNoXDP
+	}
+	for _, n := range cfg.XDPInterfaces {
+		if _, err := net.InterfaceByName(n); err != nil {
+			return fmt.Errorf("xdp_interfaces: %q: %w", n, err)
+		}
+	}
+	a, err := opts.XDP(p.pipe, pc.Services, pc.MaxDatagram, cfg.XDPInterfaces, log)
+	if err != nil {
+		return err
+	}
+	p.accel = a
+	return nil
+}
+
+// runXDP runs the fast path beside the pipeline until ctx is done.
+func (p *proxy) runXDP(ctx context.Context) {
+	if p.accel == nil {
+		return
+	}
+	p.sources.Go(func() {
+		if err := p.accel.Run(ctx); err != nil {
+			p.log.Error("xdp: stopped; the pipeline serves everything", "err", err)
+		}
+	})
+}
+
+// closeXDP detaches the fast path, so that the sockets get every datagram.
+func (p *proxy) closeXDP() {
+	if p.accel != nil {
+		if err := p.accel.Close(); err != nil {
+			p.log.Error("xdp: detaching", "err", err)
+		}
+		p.accel = nil
+	}
+}
+
+// pathStats is one path's counters of a service: "socket" (the pipeline)
+// or "xdp".
+type pathStats struct {
+	path string
+	cidroute.ServiceStats
+}
+
+// stats are the counters of both paths.
+func (p *proxy) stats() []pathStats {
+	var out []pathStats
+	for _, s := range p.pipe.Stats() {
+		out = append(out, pathStats{"socket", s})
+	}
+	if p.accel != nil {
+		for _, s := range p.accel.Stats() {
+			out = append(out, pathStats{"xdp", s})
+		}
+	}
+	return out
+}

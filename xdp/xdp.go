@@ -1,0 +1,611 @@
+//go:build linux
+
+package xdp
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/hrw"
+	"github.com/cidroute/cidroute/quic"
+	"github.com/cidroute/cidroute/registry"
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// Limits of the program's maps (bpf/cidroute.c).
+const (
+	MaxServices = 64
+	numSlots    = 16 // counter slots per service and direction
+	slotPassed  = 15
+	addrSlots   = 1024
+	addrProbes  = 16
+)
+
+// DefaultPoll is how often Run looks for a new snapshot, a change of the
+// stale flag and of the host's addresses.
+const DefaultPoll = 20 * time.Millisecond
+
+// Options configure a Program.
+type Options struct {
+	// Poll is the interval of Run's checks (0 = DefaultPoll). A snapshot
+	// reaches the program at most this long after the registry publishes
+	// it.
+	Poll time.Duration
+	// Logger receives attach, detach and error logs; nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// A Program is the loaded XDP program and its maps. Add services, attach it
+// to interfaces, and Run it to keep its snapshots current; Close detaches
+// it. Its methods are safe for concurrent use.
+type Program struct {
+	log  *slog.Logger
+	poll time.Duration
+	objs cidrouteObjects
+	// inner is the spec of one snapshot map, created anew for each
+	// snapshot.
+	inner *ebpf.MapSpec
+
+	// restore holds the loopback forwarding settings Load changed.
+	restore map[string]string
+
+	mu       sync.Mutex
+	services []*service
+	links    []attached
+	locals   map[[16]byte]bool
+	closed   bool
+}
+
+type attached struct {
+	ifname string
+	mode   Mode
+	l      link.Link
+}
+
+type service struct {
+	cfg   Service
+	id    uint32
+	snap  *registry.Snapshot // the one in the program
+	stale bool
+	inner *ebpf.Map
+}
+
+// Load loads the program into the kernel; it needs CAP_BPF and
+// CAP_NET_ADMIN (root).
+func Load(opts Options) (*Program, error) {
+	spec, err := loadCidroute()
+	if err != nil {
+		return nil, fmt.Errorf("xdp: %w", err)
+	}
+	p := &Program{log: opts.Logger, poll: opts.Poll, locals: map[[16]byte]bool{}}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	if p.poll <= 0 {
+		p.poll = DefaultPoll
+	}
+	snaps := spec.Maps["snaps"]
+	if snaps == nil || snaps.InnerMap == nil {
+		return nil, errors.New("xdp: the object has no snapshot map")
+	}
+	p.inner = snaps.InnerMap.Copy()
+	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("xdp: loading the program: %+v", ve)
+		}
+		return nil, fmt.Errorf("xdp: loading the program: %w", err)
+	}
+	if err := p.lookupForwarding(); err != nil {
+		p.objs.Close()
+		return nil, err
+	}
+	if err := p.refreshLocals(); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// The program finds next hops with bpf_fib_lookup, which the kernel
+// answers only for an input interface with forwarding on; it looks up as
+// from loopback, and lookupForwarding turns forwarding on there (lo only:
+// no real interface starts routing). Close restores it.
+var loForwarding = []string{"/proc/sys/net/ipv4/conf/lo/forwarding", "/proc/sys/net/ipv6/conf/lo/forwarding"}
+
+func (p *Program) lookupForwarding() error {
+	p.restore = map[string]string{}
+	for _, f := range loForwarding {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue // no IPv6 on this host
+			}
+			return fmt.Errorf("xdp: %w", err)
+		}
+		if v := strings.TrimSpace(string(b)); v != "1" {
+			if err := os.WriteFile(f, []byte("1"), 0); err != nil {
+				return fmt.Errorf("xdp: the FIB lookup needs forwarding on lo: %w", err)
+			}
+			p.restore[f] = v
+			p.log.Info("xdp: forwarding turned on for lo, for the FIB lookup", "file", f)
+		}
+	}
+	return nil
+}
+
+// Service is one service of a cidroute Pipeline as the program sees it.
+// ServiceOf fills one from the pipeline's configuration.
+type Service struct {
+	Name     string
+	Protocol cidroute.Protocol
+	// Codec is the service's CID codec: dtls.OrdinalFirst and quic.LB are
+	// decoded in the kernel; with any other codec every datagram of the
+	// service goes up to the pipeline.
+	Codec cidroute.CIDCodec
+	// Public is the Router's service address (RouterConfig.Service, or
+	// Listen when that is zero); Listen the address the service's
+	// sockets are bound to, with the bound port.
+	Public, Listen netip.AddrPort
+	// Upstreams are the pipeline's upstream sockets for the service
+	// (Pipeline.UpstreamAddrs): forwarded datagrams leave from the first
+	// one's port, and replies to any of them are the reverse path's.
+	Upstreams []netip.AddrPort
+	Backends  cidroute.Backends
+	// MaxDatagram is the pipeline's limit (0 = 9216): larger datagrams go
+	// up, where they are counted as malformed.
+	MaxDatagram int
+	// Pass hands every datagram up: for admission limits (not
+	// implemented in the kernel), a custom classifier or encoder, or
+	// transparent mode.
+	Pass bool
+}
+
+// ServiceOf describes the pipeline's service sc for the program: the
+// pipeline must have been created from a configuration holding sc.
+func ServiceOf(p *cidroute.Pipeline, sc cidroute.Service, maxDatagram int) (Service, error) {
+	listen, ok := p.Addr(sc.Name)
+	r, rok := p.Router(sc.Name)
+	ups, uok := p.UpstreamAddrs(sc.Name)
+	if !ok || !rok || !uok {
+		return Service{}, fmt.Errorf("xdp: the pipeline has no service %q", sc.Name)
+	}
+	pub := sc.RouterConfig.PublicAddr
+	if !pub.IsValid() {
+		pub = listen
+	}
+	if pub.Port() == 0 {
+		pub = netip.AddrPortFrom(pub.Addr(), listen.Port())
+	}
+	s := Service{
+		Name: sc.Name, Protocol: sc.Protocol, Codec: r.Codec(),
+		Public: pub, Listen: listen, Upstreams: ups,
+		Backends: sc.Backends, MaxDatagram: maxDatagram,
+	}
+	enc, plain := sc.Encoder.(cidroute.PPv2Encoder)
+	s.Pass = sc.Transparent || sc.Limits != (cidroute.Limits{}) || sc.Classifier != nil ||
+		(sc.Encoder != nil && (!plain || enc.CRC))
+	return s, nil
+}
+
+// AddService gives the program a service. Its snapshot is written at once.
+func (p *Program) AddService(s Service) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("xdp: program closed")
+	}
+	if len(p.services) == MaxServices {
+		return fmt.Errorf("xdp: more than %d services", MaxServices)
+	}
+	if s.Backends == nil || !s.Listen.IsValid() || !s.Public.IsValid() || s.Listen.Port() == 0 {
+		return fmt.Errorf("xdp: service %q: backends, listen and public address needed", s.Name)
+	}
+	if s.MaxDatagram == 0 {
+		s.MaxDatagram = 9216
+	}
+	id := uint32(len(p.services))
+	cfg := cidrouteSvcCfg{Id: id, MaxDgram: uint16(min(s.MaxDatagram, 0xffff))}
+	switch s.Protocol {
+	case cidroute.DTLS:
+		cfg.Proto = 1
+	case cidroute.QUIC:
+		cfg.Proto = 2
+	default:
+		return fmt.Errorf("xdp: service %q: protocol %v", s.Name, s.Protocol)
+	}
+	switch c := s.Codec.(type) {
+	case dtls.OrdinalFirst:
+		cfg.Codec, cfg.CidLen = 1, uint8(c.Len())
+	case quic.LB:
+		cfg.Codec, cfg.CidLen, cfg.LbConfig = 2, uint8(c.Len()), c.ConfigID
+		if c.SelfEncodeLength {
+			cfg.LbSelf = 1
+		}
+		if c.Validate() != nil {
+			s.Pass = true
+		}
+	default:
+		s.Pass = true // an encrypted or custom codec: the pipeline decodes it
+		if s.Codec != nil {
+			cfg.CidLen = uint8(min(s.Codec.Len(), 255))
+		}
+	}
+	if s.Protocol == cidroute.QUIC && cfg.CidLen > quic.MaxCIDLen {
+		s.Pass = true
+	}
+	if s.Pass {
+		cfg.Pass = 1
+	}
+	pub := unmap(s.Public)
+	// The datagram's own destination is the PPv2 destination only when
+	// the pipeline measures it (packet info on a wildcard socket).
+	if pub.Addr().IsUnspecified() && s.Listen.Addr().IsUnspecified() {
+		cfg.Measured = 1
+	}
+	if len(s.Upstreams) > 0 {
+		cfg.UpPort = s.Upstreams[0].Port()
+	} else {
+		cfg.Pass = 1
+	}
+	cfg.Pub.Ip, cfg.Pub.Port = pub.Addr().As16(), pub.Port()
+	cfg.Listen.Ip, cfg.Listen.Port = unmap(s.Listen).Addr().As16(), s.Listen.Port()
+
+	if err := p.objs.ServiceById.Put(id, &cfg); err != nil {
+		return fmt.Errorf("xdp: service %q: %w", s.Name, err)
+	}
+	for _, k := range serviceKeys(s.Listen) {
+		if err := p.objs.Services.Put(&k, &cfg); err != nil {
+			return fmt.Errorf("xdp: service %q: %w", s.Name, err)
+		}
+	}
+	for _, u := range s.Upstreams {
+		if err := p.objs.Upstreams.Put(u.Port(), id); err != nil {
+			return fmt.Errorf("xdp: service %q: upstream %v: %w", s.Name, u, err)
+		}
+	}
+	svc := &service{cfg: s, id: id}
+	p.services = append(p.services, svc)
+	return p.syncService(svc)
+}
+
+// serviceKeys are the services-map keys of a listen address: the address
+// itself; a wildcard IPv6 socket takes IPv4 too.
+func serviceKeys(l netip.AddrPort) []cidrouteSvcKey {
+	key := func(a netip.Addr) cidrouteSvcKey {
+		var k cidrouteSvcKey
+		k.A.Ip, k.A.Port = a.As16(), l.Port()
+		return k
+	}
+	a := l.Addr().Unmap()
+	if a == netip.IPv6Unspecified() {
+		return []cidrouteSvcKey{key(a), key(netip.IPv4Unspecified())}
+	}
+	return []cidrouteSvcKey{key(a)}
+}
+
+func unmap(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+}
+
+// Sync brings every service's snapshot, stale flag and the host's
+// addresses up to date once. Run calls it every Poll.
+func (p *Program) Sync() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("xdp: program closed")
+	}
+	var errs []error
+	for _, s := range p.services {
+		errs = append(errs, p.syncService(s))
+	}
+	errs = append(errs, p.refreshLocals())
+	return errors.Join(errs...)
+}
+
+func (p *Program) syncService(s *service) error {
+	snap, stale := s.cfg.Backends.Snapshot(), s.cfg.Backends.Stale()
+	if snap != s.snap {
+		m, err := ebpf.NewMap(p.inner)
+		if err != nil {
+			return fmt.Errorf("xdp: service %q: snapshot map: %w", s.cfg.Name, err)
+		}
+		if err := m.Put(uint32(0), encodeSnapshot(snap)); err != nil {
+			m.Close()
+			return fmt.Errorf("xdp: service %q: snapshot: %w", s.cfg.Name, err)
+		}
+		// One map update swaps the whole snapshot; datagrams in flight
+		// finish on the old map, which the kernel frees after them.
+		if err := p.objs.Snaps.Put(s.id, m); err != nil {
+			m.Close()
+			return fmt.Errorf("xdp: service %q: publishing the snapshot: %w", s.cfg.Name, err)
+		}
+		if s.inner != nil {
+			s.inner.Close()
+		}
+		s.inner, s.snap = m, snap
+	}
+	if stale != s.stale || snap == nil {
+		v := uint32(0)
+		if stale {
+			v = 1
+		}
+		if err := p.objs.Stale.Put(s.id, v); err != nil {
+			return fmt.Errorf("xdp: service %q: stale flag: %w", s.cfg.Name, err)
+		}
+		s.stale = stale
+	}
+	return nil
+}
+
+// The layout of struct snap in bpf/cidroute.c.
+const (
+	snapOwner    = 16
+	snapBackends = snapOwner + hrw.Buckets
+	backendSize  = 20
+	snapSlots    = snapBackends + 256*backendSize
+	snapSize     = snapSlots + addrSlots
+)
+
+// encodeSnapshot lays out snap as the program's struct snap: the HRW seed
+// and bucket table, the backends by ordinal, and the serving backends by
+// address.
+func encodeSnapshot(snap *registry.Snapshot) []byte {
+	b := make([]byte, snapSize)
+	ne := binary.NativeEndian
+	if snap == nil {
+		return b
+	}
+	if t := snap.Table(); t != nil && t.Len() > 0 {
+		ne.PutUint64(b[0:], t.Seed())
+		ne.PutUint32(b[8:], uint32(t.Len()))
+		t.Owners((*[hrw.Buckets]uint8)(b[snapOwner:snapBackends]))
+	}
+	slots := b[snapSlots:snapSize]
+	for i := range slots {
+		slots[i] = 0xff
+	}
+	overflow := false
+	for _, be := range snap.Backends() {
+		e := b[snapBackends+int(be.Ordinal)*backendSize:]
+		ip := be.Addr.Addr().As16()
+		copy(e[0:16], ip[:])
+		ne.PutUint16(e[16:], be.Addr.Port())
+		e[18] = byte(be.State)
+		e[19] = 1
+		if !be.State.Serving() {
+			continue
+		}
+		h := addrHome(ip, be.Addr.Port())
+		placed := false
+		for i := range addrProbes {
+			j := (h + uint32(i)) & (addrSlots - 1)
+			if slots[j] == 0xff {
+				slots[j], placed = be.Ordinal, true
+				break
+			}
+		}
+		overflow = overflow || !placed
+	}
+	if overflow {
+		ne.PutUint32(b[12:], 1) // replies go up to the pipeline
+	}
+	return b
+}
+
+// addrHome is the program's addr_home: the first slot of an address.
+func addrHome(ip [16]byte, port uint16) uint32 {
+	hi, lo := binary.LittleEndian.Uint64(ip[0:8]), binary.LittleEndian.Uint64(ip[8:16])
+	p := uint64(port)
+	x := lo ^ (p<<48 | p) + hi*0xff51afd7ed558ccd
+	return uint32(x*0x9e3779b97f4a7c15>>54) & (addrSlots - 1)
+}
+
+// refreshLocals writes the host's addresses, which the reverse path must
+// not relay to and the forward path serves on wildcard services.
+func (p *Program) refreshLocals() error {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return fmt.Errorf("xdp: host addresses: %w", err)
+	}
+	now := map[[16]byte]bool{}
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if !ok {
+			continue
+		}
+		now[ip.Unmap().As16()] = true
+	}
+	var errs []error
+	for k := range now {
+		if !p.locals[k] {
+			errs = append(errs, p.objs.Locals.Put(k, uint8(1)))
+		}
+	}
+	for k := range p.locals {
+		if !now[k] {
+			errs = append(errs, p.objs.Locals.Delete(k))
+		}
+	}
+	p.locals = now
+	return errors.Join(errs...)
+}
+
+// Run keeps the program's snapshots current until ctx is done.
+func (p *Program) Run(ctx context.Context) error {
+	t := time.NewTicker(p.poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := p.Sync(); err != nil {
+				p.log.Error("xdp: sync", "err", err)
+			}
+		}
+	}
+}
+
+// Mode is how the program is attached to an interface.
+type Mode string
+
+const (
+	Native  Mode = "native"  // in the driver, before any allocation
+	Generic Mode = "generic" // after the driver built an skb: slower, works everywhere
+)
+
+// Attach attaches the program to the interface: natively where the driver
+// supports it, else in generic mode, and says which.
+func (p *Program) Attach(ifname string) (Mode, error) {
+	iface, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return "", fmt.Errorf("xdp: %w", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return "", errors.New("xdp: program closed")
+	}
+	var mac cidrouteMac
+	copy(mac.A[:], iface.HardwareAddr)
+	if err := p.objs.Macs.Put(uint32(iface.Index), &mac); err != nil {
+		return "", fmt.Errorf("xdp: %s: %w", ifname, err)
+	}
+	if err := p.setRPFilter(ifname); err != nil {
+		return "", err
+	}
+	mode := Native
+	l, err := link.AttachXDP(link.XDPOptions{Program: p.objs.Cidroute, Interface: iface.Index, Flags: link.XDPDriverMode})
+	if err != nil {
+		mode = Generic
+		var gerr error
+		l, gerr = link.AttachXDP(link.XDPOptions{Program: p.objs.Cidroute, Interface: iface.Index, Flags: link.XDPGenericMode})
+		if gerr != nil {
+			return "", fmt.Errorf("xdp: attaching to %s: native: %v; generic: %w", ifname, err, gerr)
+		}
+	}
+	p.links = append(p.links, attached{ifname: ifname, mode: mode, l: l})
+	p.log.Info("xdp attached", "interface", ifname, "mode", string(mode))
+	return mode, nil
+}
+
+// setRPFilter copies the kernel's reverse path filter for IPv4 (the larger
+// of "all" and the interface's, over the attached interfaces): the program
+// must refuse what the stack would have refused.
+func (p *Program) setRPFilter(ifname string) error {
+	read := func(name string) int {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + name + "/rp_filter")
+		if err != nil {
+			return 0
+		}
+		v, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return v
+	}
+	var cur cidrouteConfig
+	if err := p.objs.Settings.Lookup(uint32(0), &cur); err != nil {
+		return fmt.Errorf("xdp: settings: %w", err)
+	}
+	v := uint32(max(read("all"), read(ifname)))
+	if v == 1 || cur.RpFilter == 1 {
+		cur.RpFilter = 1 // strict anywhere: strict for all
+	} else if v == 2 {
+		cur.RpFilter = 2
+	}
+	return p.objs.Settings.Put(uint32(0), &cur)
+}
+
+// Close detaches the program from every interface and frees it.
+func (p *Program) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	var errs []error
+	for _, a := range p.links {
+		if err := a.l.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("xdp: detaching from %s: %w", a.ifname, err))
+		} else {
+			p.log.Info("xdp detached", "interface", a.ifname)
+		}
+	}
+	for _, s := range p.services {
+		if s.inner != nil {
+			s.inner.Close()
+		}
+	}
+	errs = append(errs, p.objs.Close())
+	for f, v := range p.restore {
+		errs = append(errs, os.WriteFile(f, []byte(v), 0))
+	}
+	return errors.Join(errs...)
+}
+
+// Counters are one service's datagrams that the program decided, per
+// direction; Passed are those it handed up to the pipeline, which counts
+// them itself.
+type Counters struct {
+	cidroute.Counters
+	Passed uint64
+}
+
+// ServiceStats are a service's counters on the XDP path.
+type ServiceStats struct {
+	Name             string
+	Forward, Reverse Counters
+}
+
+// Stats sums the per-CPU counters of every service.
+func (p *Program) Stats() ([]ServiceStats, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]ServiceStats, len(p.services))
+	for i, s := range p.services {
+		out[i].Name = s.cfg.Name
+		for dir, c := range []*Counters{&out[i].Forward, &out[i].Reverse} {
+			for slot := range uint32(numSlots) {
+				var per []uint64
+				k := (s.id*2+uint32(dir))*numSlots + slot
+				if err := p.objs.Counters.Lookup(k, &per); err != nil {
+					return nil, fmt.Errorf("xdp: counters: %w", err)
+				}
+				var n uint64
+				for _, v := range per {
+					n += v
+				}
+				switch {
+				case slot == slotPassed:
+					c.Passed = n
+				case slot == 0:
+					c.Forwarded = n
+					c.Received += n
+				case slot < cidroute.NumReasons:
+					c.Dropped[slot] = n
+					c.Received += n
+				}
+			}
+		}
+	}
+	return out, nil
+}
