@@ -93,11 +93,11 @@ func TestTransparentTableFullUnderFDLimit(t *testing.T) {
 
 	const (
 		sessions    = `cidroute_sessions{service="t"}`
-		full        = `cidroute_datagrams_total{direction="forward",outcome="dropped",reason="session_limit",service="t"}`
-		received    = `cidroute_datagrams_received_total{direction="forward",service="t"}`
-		forwarded   = `cidroute_datagrams_total{direction="forward",outcome="forwarded",reason="",service="t"}`
+		full        = `cidroute_datagrams_total{direction="forward",outcome="dropped",path="socket",reason="session_limit",service="t"}`
+		received    = `cidroute_datagrams_received_total{direction="forward",path="socket",service="t"}`
+		forwarded   = `cidroute_datagrams_total{direction="forward",outcome="forwarded",path="socket",reason="",service="t"}`
 		ready       = `cidroute_registry_backends{service="t",state="ready"}`
-		replyErrors = `cidroute_datagrams_total{direction="forward",outcome="dropped",reason="send_error",service="t"}`
+		replyErrors = `cidroute_datagrams_total{direction="forward",outcome="dropped",path="socket",reason="send_error",service="t"}`
 	)
 	hello, err := dtls.AppendRecord(nil, dtls.Record{Type: dtls.Handshake,
 		Fragment: dtls.AppendHandshake(nil, dtls.HandshakeClientHello, 0, []byte{0xfe, 0xfd})})

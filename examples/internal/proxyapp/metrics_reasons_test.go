@@ -29,7 +29,7 @@ func TestMetricsListEveryReason(t *testing.T) {
 	for dir, set := range map[string]cidroute.ReasonSet{"forward": cidroute.ForwardDrops, "reverse": cidroute.ReverseDrops} {
 		n := 0
 		for r := range set.All() {
-			key := fmt.Sprintf(`cidroute_datagrams_total{direction=%q,outcome="dropped",reason=%q,service="d"}`, dir, r)
+			key := fmt.Sprintf(`cidroute_datagrams_total{direction=%q,outcome="dropped",path="socket",reason=%q,service="d"}`, dir, r)
 			v, ok := m[key]
 			require.True(t, ok, "missing %s", key)
 			require.Zero(t, v, key)
@@ -37,6 +37,6 @@ func TestMetricsListEveryReason(t *testing.T) {
 		}
 		require.Positive(t, n, dir)
 	}
-	_, ok := m[`cidroute_datagrams_total{direction="forward",outcome="dropped",reason="own_address",service="d"}`]
+	_, ok := m[`cidroute_datagrams_total{direction="forward",outcome="dropped",path="socket",reason="own_address",service="d"}`]
 	require.True(t, ok, "the new forward reasons are listed")
 }
