@@ -52,9 +52,9 @@ const (
 	MinInterval = 10 * time.Millisecond
 )
 
-// withDefaults returns cfg with the defaults filled in, or an error
-// wrapping ErrConfig.
-func (cfg Config) withDefaults() (Config, error) {
+// WithDefaults returns cfg with the defaults filled in, or an error
+// wrapping ErrConfig, as New checks it.
+func (cfg Config) WithDefaults() (Config, error) {
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultInterval
 	}
@@ -120,7 +120,7 @@ type backendState struct {
 
 // New returns a Checker of target; Run starts it.
 func New(target Target, cfg Config) (*Checker, error) {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.WithDefaults()
 	if err != nil {
 		return nil, err
 	}

@@ -138,7 +138,7 @@ func TestCheckerFallRise(t *testing.T) {
 }
 
 func TestConfigDefaults(t *testing.T) {
-	c, err := Config{ProbeConfig: ProbeConfig{Protocol: QUIC}}.withDefaults()
+	c, err := Config{ProbeConfig: ProbeConfig{Protocol: QUIC}}.WithDefaults()
 	require.NoError(t, err)
 	assert.Equal(t, [5]any{DefaultInterval, DefaultTimeout, DefaultInterval / 5, 3, 2}, [5]any{c.Interval, c.Timeout, c.Jitter, c.Fall, c.Rise})
 	for _, bad := range []Config{

@@ -8,10 +8,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/examples/internal/cidkeys"
+	"github.com/cidroute/cidroute/health"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -27,6 +29,7 @@ type proxy struct {
 
 	stopSources context.CancelFunc
 	sources     sync.WaitGroup
+	stopping    atomic.Bool // set by close: /readyz and /livez fail (health.go)
 }
 
 type proxyService struct {
@@ -34,8 +37,9 @@ type proxyService struct {
 	reg     *registry.Registry
 	updater *loggingUpdater // reg, logging changes
 	source  registry.Source
-	file    *registry.File // nil for a static list
-	keys    *cidkeys.File  // nil without encrypted CIDs (cidkeys.go)
+	file    *registry.File  // nil for a static list
+	keys    *cidkeys.File   // nil without encrypted CIDs (cidkeys.go)
+	checker *health.Checker // nil without health_check (health.go)
 }
 
 // newProxy builds the registries and the pipeline (which opens every
@@ -116,6 +120,10 @@ func newProxy(cfg *config, log *slog.Logger, opts Options) (*proxy, error) {
 		if ps.keys != nil {
 			p.sources.Go(func() { ps.keys.Run(ctx) })
 		}
+		if err := p.startHealth(ctx, ps, log); err != nil { // the checker names the service
+			p.close()
+			return nil, fmt.Errorf("service %q: health_check: %w", ps.cfg.Name, err)
+		}
 		u := ps.updater
 		p.sources.Go(func() {
 			if err := ps.source.Run(ctx, u); err != nil && !errors.Is(err, context.Canceled) {
@@ -141,6 +149,7 @@ const sourceStopWait = time.Second
 // close stops the sources and the registries' timers, and the pipeline if
 // it never ran. It is idempotent.
 func (p *proxy) close() {
+	p.stopping.Store(true)
 	p.closeXDP()
 	if p.pipe != nil {
 		p.pipe.Close()
@@ -179,22 +188,26 @@ func (p *proxy) reload() {
 // Embedding keeps Registry's MaxAge, which Static uses to pace Confirm.
 type loggingUpdater struct {
 	*registry.Registry
-	log  *slog.Logger
-	mu   sync.Mutex
-	last *registry.Snapshot
+	log    *slog.Logger
+	mu     sync.Mutex // one Update at a time, so that prev is the one before
+	logged bool
 }
 
 func (u *loggingUpdater) Update(bs []registry.Backend) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	prev := u.Snapshot()
 	if err := u.Registry.Update(bs); err != nil {
 		return err
 	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
+	// Compared with the snapshot just before, not the last one logged: a
+	// health checker publishes too (a backend marked down is listed as
+	// draining), and its changes are its own to log.
 	s := u.Snapshot()
-	if u.last != nil && slices.Equal(u.last.Backends(), s.Backends()) { // a source repeating itself
+	if u.logged && slices.Equal(prev.Backends(), s.Backends()) { // a source repeating itself
 		return nil
 	}
-	u.last = s
+	u.logged = true
 	u.log.Info("backends changed", "version", s.Version(),
 		"ready", s.Count(registry.Ready), "draining", s.Count(registry.Draining), "gone", s.Count(registry.Gone),
 		"backends", backendList(s.Backends()))

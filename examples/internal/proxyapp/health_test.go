@@ -1,0 +1,161 @@
+package proxyapp
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+	"github.com/cidroute/cidroute/health"
+)
+
+func TestHealthCheckConfig(t *testing.T) {
+	parse := func(hc string) (*config, error) {
+		return parseConfig(strings.NewReader(withServices(`{` + svc + `, "health_check": ` + hc + `}`)))
+	}
+	c, err := parse(`{}`)
+	require.NoError(t, err)
+	h := c.Services[0].Health
+	require.NotNil(t, h)
+	assert.Equal(t, health.DTLS, h.Protocol)
+	assert.False(t, h.Direct)
+	assert.Equal(t, [4]any{2 * time.Second, time.Second, 3, 2}, [4]any{h.Interval, h.Timeout, h.Fall, h.Rise})
+	assert.Contains(t, c.summary(), "probes every 2s (timeout 1s, fall 3, rise 2)")
+
+	c, err = parse(`{"interval": "500ms", "timeout": "200ms", "jitter": "0s", "fall": 5, "rise": 1}`)
+	require.NoError(t, err)
+	h = c.Services[0].Health
+	assert.Equal(t, [5]any{500 * time.Millisecond, 200 * time.Millisecond, time.Duration(0), 5, 1}, [5]any{h.Interval, h.Timeout, h.Jitter, h.Fall, h.Rise})
+
+	c, err = parseConfig(strings.NewReader(withServices(`{"name": "q", "protocol": "quic", "listen": "127.0.0.1:443", "proxy_protocol": false,
+		"backends_file": "b.json", "health_check": {"interval": "1s"}}`)))
+	require.NoError(t, err)
+	h = c.Services[0].Health
+	assert.Equal(t, health.QUIC, h.Protocol)
+	assert.True(t, h.Direct, "transparent mode: no PPv2 header on the probe")
+	assert.Equal(t, 200*time.Millisecond, h.Jitter)
+
+	c, err = parseConfig(strings.NewReader(withServices(`{` + svc + `}`)))
+	require.NoError(t, err)
+	assert.Nil(t, c.Services[0].Health, "no key, no probes")
+
+	for hc, want := range map[string]string{
+		`{"interval": "10ms"}`:                 "health_check.interval",
+		`{"interval": "1s", "timeout": "2s"}`:  "timeout 2s",
+		`{"timeout": "1ms"}`:                   "health_check.timeout",
+		`{"interval": "1s", "jitter": "1s"}`:   "jitter 1s",
+		`{"fall": -1}`:                         "fall -1",
+		`{"rise": 101}`:                        "rise 101",
+		`{"interva": "1s"}`:                    `unknown key "interva"`,
+		`{"interval": "1s", "Interval": "2s"}`: "Interval",
+		`{"interval": 1}`:                      "interval",
+		`true`:                                 "health_check",
+	} {
+		_, err := parse(hc)
+		assert.ErrorContains(t, err, want, hc)
+	}
+}
+
+func getBody(t *testing.T, url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return -1, err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+// /readyz and /livez in process, against a real pion backend: ready only
+// while every service has a fresh registry and a ready backend, the body
+// naming the service that fails; a backend whose DTLS stack stops
+// answering is marked down by the probes (one log line, no line per
+// probe), which takes the service out of readiness; live throughout.
+func TestReadyzLivez(t *testing.T) {
+	be, err := dtlsecho.Listen(dtlsecho.Config{PSK: []byte("k"), TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer be.Close()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "b.json")
+	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t, "tcp"))
+	cfg, err := parseConfig(strings.NewReader(fmt.Sprintf(`{"metrics_listen": %q, "services": [
+		{"name": "d", "protocol": "dtls", "listen": "127.0.0.1:%d", "workers": 1,
+		 "backends": [{"ordinal": 0, "address": "%v"}],
+		 "health_check": {"interval": "100ms", "timeout": "50ms", "fall": 2, "rise": 2}},
+		{"name": "f", "protocol": "dtls", "listen": "127.0.0.1:%d", "workers": 1, "backends_file": %q, "max_registry_age": "3s"}]}`,
+		metrics, freePort(t, "udp"), be.Addr(), freePort(t, "udp"), file)))
+	require.NoError(t, err)
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, newLogger(&logs, slog.LevelInfo, errWindow), Options{}) }()
+	defer func() {
+		cancel()
+		<-done
+		if t.Failed() {
+			t.Logf("log:\n%s", logs.String())
+		}
+	}()
+	readyz := func() (int, string) { return getBody(t, "http://"+metrics+"/readyz") }
+	waitFor(t, 5*time.Second, "serving", func() bool { c, _ := readyz(); return c > 0 })
+	code, body := readyz()
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Equal(t, "service f: no ready backend (draining 0, down by probes 0, gone 0, snapshot version 0)\n", body,
+		"the file is not there yet; d is ready")
+	code, body = getBody(t, "http://"+metrics+"/livez")
+	assert.Equal(t, [2]any{200, "ok\n"}, [2]any{code, body})
+
+	require.NoError(t, os.WriteFile(file, []byte(`[{"ordinal": 0, "address": "127.0.0.1:9"}]`), 0o644))
+	waitFor(t, 5*time.Second, "ready", func() bool { c, _ := readyz(); return c == 200 })
+	_, body = readyz()
+	assert.Equal(t, "ok\n", body)
+	m := scrape(t, metrics)
+	assert.Equal(t, 1.0, m[`cidroute_backend_probe_up{ordinal="0",service="d"}`])
+	assert.Positive(t, m[`cidroute_probes_total{ordinal="0",result="ok",service="d"}`])
+	assert.Positive(t, m[`cidroute_probe_duration_seconds_count{service="d"}`])
+	assert.Zero(t, m[`cidroute_sessions_max{service="d"}`])
+
+	// The backend's stack goes away: ICMP port unreachable, down after two
+	// probes; the service is not ready, and says why.
+	be.Close()
+	waitFor(t, 5*time.Second, "down", func() bool { c, _ := readyz(); return c == 503 })
+	_, body = readyz()
+	assert.Equal(t, "service d: no ready backend (draining 0, down by probes 1, gone 0, snapshot version 3)\n", body)
+	m = scrape(t, metrics)
+	assert.Equal(t, 0.0, m[`cidroute_backend_probe_up{ordinal="0",service="d"}`])
+	assert.Equal(t, 1.0, m[`cidroute_registry_backends{service="d",state="down"}`])
+	assert.Equal(t, 0.0, m[`cidroute_registry_backends{service="d",state="ready"}`])
+	assert.Positive(t, m[`cidroute_probes_total{ordinal="0",result="refused",service="d"}`])
+	before := logs.String()
+	time.Sleep(500 * time.Millisecond) // five more failed probes
+	assert.Equal(t, before, logs.String(), "no line per probe")
+	assert.Equal(t, 1, strings.Count(before, "backend down"), "one line per change")
+
+	// The file source stops confirming: stale after max_registry_age.
+	require.NoError(t, os.Remove(file))
+	waitFor(t, 8*time.Second, "stale", func() bool { _, b := readyz(); return strings.Contains(b, "service f: registry stale") })
+	_, body = readyz()
+	assert.Contains(t, body, "service d: no ready backend", "every failing service is named")
+	code, _ = getBody(t, "http://"+metrics+"/livez")
+	assert.Equal(t, 200, code, "live while it serves")
+}
+
+func scrape(t *testing.T, addr string) map[string]float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	return parseMetrics(t, resp.Body)
+}
