@@ -139,7 +139,9 @@ func healthProxy(t *testing.T, bins map[string]string, proto string, backends []
 	return svc, p
 }
 
-func probeUp(ord int) string { return fmt.Sprintf(`cidroute_backend_probe_up{ordinal="%d",service="svc"}`, ord) }
+func probeUp(ord int) string {
+	return fmt.Sprintf(`cidroute_backend_probe_up{ordinal="%d",service="svc"}`, ord)
+}
 
 func probeResult(ord int, result string) string {
 	return fmt.Sprintf(`cidroute_probes_total{ordinal="%d",result="%s",service="svc"}`, ord, result)
