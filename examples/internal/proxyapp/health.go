@@ -2,9 +2,12 @@ package proxyapp
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -85,6 +88,57 @@ func (p *proxy) startHealth(ctx context.Context, ps *proxyService, log *slog.Log
 		c.Run(ctx)
 	}()
 	return nil
+}
+
+// probeFlags are -probe-dtls and -probe-quic: one health probe, as the
+// checker sends it, for an operator's shell (docs/runbooks.md).
+type probeFlags struct {
+	dtls, quic *string
+	timeout    *time.Duration
+	direct     *bool
+}
+
+func (f *probeFlags) register(fs *flag.FlagSet) {
+	f.dtls = fs.String("probe-dtls", "", "send one DTLS health probe (a ClientHello under a PROXY v2 LOCAL header) to the backend at `ip:port`, print the result and exit (0: answered)")
+	f.quic = fs.String("probe-quic", "", "send one QUIC health probe (a reserved-version packet under a PROXY v2 LOCAL header) to the backend at `ip:port`, print the result and exit")
+	f.timeout = fs.Duration("probe-timeout", time.Second, "how long -probe-dtls and -probe-quic wait for the answer")
+	f.direct = fs.Bool("probe-direct", false, "send -probe-dtls or -probe-quic without the PROXY v2 header (backends of a transparent service)")
+}
+
+func (f *probeFlags) set() bool { return *f.dtls != "" || *f.quic != "" }
+
+// run sends the probe; the exit code is 0 when a healthy stack answered,
+// 1 when not, 2 on bad arguments.
+func (f *probeFlags) run(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) int {
+	cfg := health.ProbeConfig{Protocol: health.DTLS, Direct: *f.direct}
+	target := *f.dtls
+	if *f.quic != "" {
+		cfg.Protocol, target = health.QUIC, *f.quic
+	}
+	addr, err := netip.ParseAddrPort(target)
+	switch {
+	case *f.dtls != "" && *f.quic != "":
+		err = fmt.Errorf("give one of -probe-dtls and -probe-quic")
+	case err != nil:
+		err = fmt.Errorf("-probe-%v %q: want ip:port", cfg.Protocol, target)
+	case fs.NArg() > 0:
+		err = fmt.Errorf("unexpected arguments %q", fs.Args())
+	case *f.timeout <= 0:
+		err = fmt.Errorf("-probe-timeout %v: must be positive", *f.timeout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "cidproxy: %v\n", err)
+		return 2
+	}
+	pctx, cancel := context.WithTimeout(ctx, *f.timeout)
+	defer cancel()
+	rtt, err := health.Probe(pctx, addr, cfg)
+	if err != nil {
+		fmt.Fprintf(stdout, "%v %v: %v (%v)\n", cfg.Protocol, addr, health.ResultOf(err), err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%v %v: ok in %v\n", cfg.Protocol, addr, rtt.Round(time.Microsecond))
+	return 0
 }
 
 // healthSummary is the health_check part of a service's summary line.

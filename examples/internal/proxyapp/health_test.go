@@ -159,3 +159,31 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 	defer resp.Body.Close()
 	return parseMetrics(t, resp.Body)
 }
+
+// -probe-dtls and -probe-quic: one probe from the operator's shell, as the
+// checker sends it.
+func TestProbeFlags(t *testing.T) {
+	be, err := dtlsecho.Listen(dtlsecho.Config{PSK: []byte("k"), TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer be.Close()
+	code, out, errOut := runArgs(t, "-probe-dtls", be.Addr().String())
+	require.Equal(t, 0, code, errOut)
+	assert.Regexp(t, `^dtls 127\.0\.0\.1:\d+: ok in \S+\n$`, out)
+
+	code, out, _ = runArgs(t, "-probe-quic", be.Addr().String(), "-probe-timeout", "200ms")
+	assert.Equal(t, 1, code, "a DTLS stack does not answer a QUIC probe")
+	assert.Contains(t, out, ": timeout (")
+
+	code, out, _ = runArgs(t, "-probe-dtls", be.Addr().String(), "-probe-direct")
+	assert.Equal(t, 0, code, "without a header, as a direct client's hello (this backend accepts direct datagrams): %s", out)
+	for _, args := range [][]string{
+		{"-probe-dtls", "nope"},
+		{"-probe-dtls", "127.0.0.1:1", "-probe-quic", "127.0.0.1:1"},
+		{"-probe-dtls", "127.0.0.1:1", "extra"},
+		{"-probe-dtls", "127.0.0.1:1", "-probe-timeout", "0s"},
+	} {
+		code, _, errOut := runArgs(t, args...)
+		assert.Equal(t, 2, code, "%q: %s", args, errOut)
+	}
+}
