@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/proxyconfig"
 )
 
 // TestMetricsListEveryReason: /metrics lists every drop reason each
@@ -17,7 +18,7 @@ import (
 // sets (cidroute.ForwardDrops, ReverseDrops): a reason added there cannot go
 // missing here.
 func TestMetricsListEveryReason(t *testing.T) {
-	cfg, err := parseConfig(strings.NewReader(fmt.Sprintf(`{"services": [{"name": "d", "protocol": "dtls",
+	cfg, err := proxyconfig.Parse(strings.NewReader(fmt.Sprintf(`{"services": [{"name": "d", "protocol": "dtls",
 		"listen": "127.0.0.1:%d", "workers": 1, "backends": [{"ordinal": 0, "address": "127.0.0.1:9"}]}]}`, freePort(t, "udp"))))
 	require.NoError(t, err)
 	p, err := newProxy(cfg, slog.New(slog.DiscardHandler), Options{})
@@ -29,7 +30,7 @@ func TestMetricsListEveryReason(t *testing.T) {
 	for dir, set := range map[string]cidroute.ReasonSet{"forward": cidroute.ForwardDrops, "reverse": cidroute.ReverseDrops} {
 		n := 0
 		for r := range set.All() {
-			key := fmt.Sprintf(`cidroute_datagrams_total{direction=%q,outcome="dropped",reason=%q,service="d"}`, dir, r)
+			key := fmt.Sprintf(`cidroute_datagrams_total{direction=%q,outcome="dropped",path="socket",reason=%q,service="d"}`, dir, r)
 			v, ok := m[key]
 			require.True(t, ok, "missing %s", key)
 			require.Zero(t, v, key)
@@ -37,6 +38,6 @@ func TestMetricsListEveryReason(t *testing.T) {
 		}
 		require.Positive(t, n, dir)
 	}
-	_, ok := m[`cidroute_datagrams_total{direction="forward",outcome="dropped",reason="own_address",service="d"}`]
+	_, ok := m[`cidroute_datagrams_total{direction="forward",outcome="dropped",path="socket",reason="own_address",service="d"}`]
 	require.True(t, ok, "the new forward reasons are listed")
 }
