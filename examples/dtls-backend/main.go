@@ -29,8 +29,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/cidroute/cidroute/cidkeys"
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
-	"github.com/cidroute/cidroute/examples/internal/cidkeys"
 	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
 )
 

@@ -28,8 +28,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/cidroute/cidroute/cidkeys"
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
-	"github.com/cidroute/cidroute/examples/internal/cidkeys"
 	"github.com/cidroute/cidroute/examples/internal/quicecho"
 	"github.com/cidroute/cidroute/quic"
 )

@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/cidroute/cidroute/examples/internal/cidkeys"
+	"github.com/cidroute/cidroute/cidkeys"
 )
 
 // CIDKeyFlags are the flags of encrypted QUIC-LB connection IDs that both

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cidroute/cidroute/proxyconfig"
 	"github.com/cidroute/cidroute/registry"
 	"github.com/cidroute/cidroute/udpio"
 )
@@ -28,10 +29,12 @@ const errWindow = 10 * time.Second
 type Options struct {
 	// Kubernetes makes the registry source of a service whose config has a
 	// "kubernetes" key; nil in builds without Kubernetes support.
-	Kubernetes func(k Kubernetes, log *slog.Logger) (registry.Source, error)
+	Kubernetes func(k proxyconfig.Kubernetes, log *slog.Logger) (registry.Source, error)
 	// XDP starts the XDP fast path on the "xdp_interfaces"; nil in builds
 	// without it (xdp.go).
 	XDP XDPFunc
+
+	join bool // the -join flag
 }
 
 var errNoKubernetes = errors.New(`"kubernetes" backends need the Kubernetes build of cidproxy (examples/kubernetes/cidproxy)`)
@@ -81,12 +84,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 		fs.Usage()
 		return 2
 	}
-	cfg, err := loadConfig(ctx, *path)
+	cfg, err := proxyconfig.Load(ctx, *path)
 	if err == nil && *check {
-		err = cfg.checkBackendFiles(ctx)
-	}
-	if err == nil && *check {
-		err = cfg.checkCIDKeyFiles()
+		err = cfg.CheckFiles(ctx)
 	}
 	if err == nil && opts.Kubernetes == nil {
 		for _, s := range cfg.Services {
@@ -95,19 +95,22 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 			}
 		}
 	}
+	if err == nil {
+		err = cfg.Validate(proxyconfig.Options{Kubernetes: opts.Kubernetes})
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "cidproxy: %v\n", err)
 		return 1
 	}
 	if *check {
-		fmt.Fprintf(stdout, "%s: ok: %s\n", *path, cfg.summary())
+		fmt.Fprintf(stdout, "%s: ok: %s\n", *path, cfg.Summary())
 		return 0
 	}
-	cfg.Join = *join
+	opts.join = *join
 	log := newLogger(stderr, cfg.LogLevel, errWindow)
 	defer flushLogs(log)
 	if err := serve(ctx, cfg, log, opts); err != nil {
-		if errors.Is(err, udpio.ErrInUse) && !cfg.Join {
+		if errors.Is(err, udpio.ErrInUse) && !opts.join {
 			err = fmt.Errorf("%w; if that is the cidproxy this one replaces, start this one with -join to share its sockets (restart handover)", err)
 		}
 		log.Error("cidproxy stopped", "err", err)
@@ -117,8 +120,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 }
 
 // serve runs the proxy described by cfg until ctx is done.
-func serve(ctx context.Context, cfg *config, log *slog.Logger, opts Options) error {
-	log.Info("cidproxy starting", "config", cfg.summary())
+func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts Options) error {
+	log.Info("cidproxy starting", "config", cfg.Summary())
 	p, err := newProxy(cfg, log, opts)
 	if err != nil {
 		return err

@@ -23,6 +23,7 @@ import (
 	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
 	"github.com/cidroute/cidroute/examples/internal/rebind"
 	"github.com/cidroute/cidroute/ppv2/backend"
+	"github.com/cidroute/cidroute/proxyconfig"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -94,7 +95,7 @@ func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Durati
 		backends = append(backends, b)
 		list = append(list, registry.Backend{Ordinal: ord, Addr: b.Addr()})
 	}
-	cfg := &config{Seed: demoSeed, Services: []serviceConfig{{
+	cfg := &proxyconfig.Config{Seed: demoSeed, Services: []proxyconfig.Service{{
 		Name:     demoService,
 		Protocol: cidroute.DTLS,
 		Listen:   netip.MustParseAddrPort("127.0.0.1:0"), // each replica gets its own port
@@ -112,7 +113,7 @@ func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Durati
 	var addrs []netip.AddrPort
 	for i := range demoReplicas {
 		rcfg := *cfg
-		rcfg.Services = []serviceConfig{cfg.Services[0]}
+		rcfg.Services = []proxyconfig.Service{cfg.Services[0]}
 		rcfg.Services[0].Backends = demoReplicaBackends(i, list)
 		r, err := newProxy(&rcfg, log, Options{})
 		if err != nil {

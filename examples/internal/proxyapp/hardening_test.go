@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/proxyconfig"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -102,7 +103,7 @@ func TestStopWithStuckSource(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- Run(ctx, []string{"-config", path}, &bytes.Buffer{}, &errOut, Options{
-			Kubernetes: func(Kubernetes, *slog.Logger) (registry.Source, error) { return stuck, nil },
+			Kubernetes: func(proxyconfig.Kubernetes, *slog.Logger) (registry.Source, error) { return stuck, nil },
 		})
 	}()
 	waitFor(t, 10*time.Second, "start", func() bool { return strings.Contains(errOut.String(), "service started") })

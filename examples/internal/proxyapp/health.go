@@ -5,90 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/health"
 	"github.com/cidroute/cidroute/registry"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// fileHealthCheck is a service's "health_check" key: active probes through
-// the backends' DTLS or QUIC stack (package health). Absent: no probes.
-type fileHealthCheck struct {
-	Interval string `json:"interval"` // default 2s
-	Timeout  string `json:"timeout"`  // default 1s, at most the interval
-	Jitter   string `json:"jitter"`   // default interval/5; "0s": none
-	Fall     int    `json:"fall"`     // default 3
-	Rise     int    `json:"rise"`     // default 2
-}
-
-// Lower bounds of the health_check durations: a probe per backend every
-// 100 ms is already far more than any deployment needs.
-const (
-	minProbeInterval = 100 * time.Millisecond
-	minProbeTimeout  = 10 * time.Millisecond
-)
-
-// parseHealthCheck applies "health_check" to s, whose protocol and mode
-// are known.
-func parseHealthCheck(fh *fileHealthCheck, s *serviceConfig) error {
-	if fh == nil {
-		return nil
-	}
-	hc := health.Config{Service: s.Name, Fall: fh.Fall, Rise: fh.Rise,
-		ProbeConfig: health.ProbeConfig{Protocol: health.DTLS, Direct: s.Transparent}}
-	if s.Protocol == cidroute.QUIC {
-		hc.Protocol = health.QUIC
-	}
-	var err error
-	if hc.Interval, err = parseDuration("health_check.interval", fh.Interval, minProbeInterval, false); err != nil {
-		return err
-	}
-	if hc.Timeout, err = parseDuration("health_check.timeout", fh.Timeout, minProbeTimeout, false); err != nil {
-		return err
-	}
-	if fh.Jitter == "0s" {
-		hc.Jitter = -1
-	} else if hc.Jitter, err = parseDuration("health_check.jitter", fh.Jitter, time.Millisecond, false); err != nil {
-		return err
-	}
-	if fh.Fall < 0 || fh.Rise < 0 {
-		return fmt.Errorf("health_check: fall %d, rise %d: want 1 to 100 (0: the defaults 3 and 2)", fh.Fall, fh.Rise)
-	}
-	if hc, err = hc.WithDefaults(); err != nil {
-		return fmt.Errorf("health_check: %w", err)
-	}
-	hc.Logger = nil // the proxy's, at start
-	s.Health = &hc
-	return nil
-}
-
-// startHealth starts the service's health checker, when it has one; it
-// stops with ctx.
-func (p *proxy) startHealth(ctx context.Context, ps *proxyService, log *slog.Logger) error {
-	if ps.cfg.Health == nil {
-		return nil
-	}
-	hc := *ps.cfg.Health
-	hc.Logger = log
-	c, err := health.New(ps.reg, hc)
-	if err != nil {
-		return err
-	}
-	ps.checker = c
-	p.sources.Add(1)
-	go func() {
-		defer p.sources.Done()
-		c.Run(ctx)
-	}()
-	return nil
-}
 
 // probeFlags are -probe-dtls and -probe-quic: one health probe, as the
 // checker sends it, for an operator's shell (docs/runbooks.md).
@@ -141,14 +67,6 @@ func (f *probeFlags) run(ctx context.Context, fs *flag.FlagSet, stdout, stderr i
 	return 0
 }
 
-// healthSummary is the health_check part of a service's summary line.
-func healthSummary(hc *health.Config) string {
-	if hc == nil {
-		return ""
-	}
-	return fmt.Sprintf(", probes every %v (timeout %v, fall %d, rise %d)", hc.Interval, hc.Timeout, hc.Fall, hc.Rise)
-}
-
 // readiness reports why the proxy cannot route new sessions: for every
 // service, a stale registry or no ready backend; nil when it can. A
 // stopping proxy is not ready.
@@ -157,15 +75,16 @@ func (p *proxy) readiness() []string {
 	if p.stopping.Load() {
 		why = append(why, "stopping")
 	}
-	for _, ps := range p.services {
-		st := ps.reg.Stats()
+	for _, name := range p.names {
+		reg, _ := p.regs.Registry(name)
+		st := reg.Stats()
 		switch {
 		case st.Stale:
 			why = append(why, fmt.Sprintf("service %s: registry stale (last confirmed %v ago, max_registry_age %v)",
-				ps.cfg.Name, st.Age.Round(time.Millisecond), ps.cfg.MaxAge))
+				name, st.Age.Round(time.Millisecond), reg.MaxAge()))
 		case st.Ready == 0:
 			why = append(why, fmt.Sprintf("service %s: no ready backend (draining %d, down by probes %d, gone %d, snapshot version %d)",
-				ps.cfg.Name, st.Draining, st.Down, st.Gone, st.Version))
+				name, st.Draining, st.Down, st.Gone, st.Version))
 		}
 	}
 	return why
@@ -226,12 +145,12 @@ func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.p.pipe.Stats() {
 		ch <- prometheus.MustNewConstMetric(descSessionsMax, prometheus.GaugeValue, float64(s.MaxSessions), s.Name)
 	}
-	for _, ps := range c.p.services {
-		if ps.checker == nil {
+	for _, name := range c.p.names {
+		checker, ok := c.p.regs.Checker(name)
+		if !ok {
 			continue
 		}
-		name := ps.cfg.Name
-		st := ps.checker.Stats()
+		st := checker.Stats()
 		for _, b := range st.Backends {
 			ord := strconv.Itoa(int(b.Ordinal))
 			up := 0.0

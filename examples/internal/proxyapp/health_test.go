@@ -17,55 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
-	"github.com/cidroute/cidroute/health"
+	"github.com/cidroute/cidroute/proxyconfig"
 )
-
-func TestHealthCheckConfig(t *testing.T) {
-	parse := func(hc string) (*config, error) {
-		return parseConfig(strings.NewReader(withServices(`{` + svc + `, "health_check": ` + hc + `}`)))
-	}
-	c, err := parse(`{}`)
-	require.NoError(t, err)
-	h := c.Services[0].Health
-	require.NotNil(t, h)
-	assert.Equal(t, health.DTLS, h.Protocol)
-	assert.False(t, h.Direct)
-	assert.Equal(t, [4]any{2 * time.Second, time.Second, 3, 2}, [4]any{h.Interval, h.Timeout, h.Fall, h.Rise})
-	assert.Contains(t, c.summary(), "probes every 2s (timeout 1s, fall 3, rise 2)")
-
-	c, err = parse(`{"interval": "500ms", "timeout": "200ms", "jitter": "0s", "fall": 5, "rise": 1}`)
-	require.NoError(t, err)
-	h = c.Services[0].Health
-	assert.Equal(t, [5]any{500 * time.Millisecond, 200 * time.Millisecond, time.Duration(0), 5, 1}, [5]any{h.Interval, h.Timeout, h.Jitter, h.Fall, h.Rise})
-
-	c, err = parseConfig(strings.NewReader(withServices(`{"name": "q", "protocol": "quic", "listen": "127.0.0.1:443", "proxy_protocol": false,
-		"backends_file": "b.json", "health_check": {"interval": "1s"}}`)))
-	require.NoError(t, err)
-	h = c.Services[0].Health
-	assert.Equal(t, health.QUIC, h.Protocol)
-	assert.True(t, h.Direct, "transparent mode: no PPv2 header on the probe")
-	assert.Equal(t, 200*time.Millisecond, h.Jitter)
-
-	c, err = parseConfig(strings.NewReader(withServices(`{` + svc + `}`)))
-	require.NoError(t, err)
-	assert.Nil(t, c.Services[0].Health, "no key, no probes")
-
-	for hc, want := range map[string]string{
-		`{"interval": "10ms"}`:                 "health_check.interval",
-		`{"interval": "1s", "timeout": "2s"}`:  "timeout 2s",
-		`{"timeout": "1ms"}`:                   "health_check.timeout",
-		`{"interval": "1s", "jitter": "1s"}`:   "jitter 1s",
-		`{"fall": -1}`:                         "fall -1",
-		`{"rise": 101}`:                        "rise 101",
-		`{"interva": "1s"}`:                    `unknown key "interva"`,
-		`{"interval": "1s", "Interval": "2s"}`: "Interval",
-		`{"interval": 1}`:                      "interval",
-		`true`:                                 "health_check",
-	} {
-		_, err := parse(hc)
-		assert.ErrorContains(t, err, want, hc)
-	}
-}
 
 func getBody(t *testing.T, url string) (int, string) {
 	resp, err := http.Get(url)
@@ -91,7 +44,7 @@ func TestReadyzLivez(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "b.json")
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t, "tcp"))
-	cfg, err := parseConfig(strings.NewReader(fmt.Sprintf(`{"metrics_listen": %q, "services": [
+	cfg, err := proxyconfig.Parse(strings.NewReader(fmt.Sprintf(`{"metrics_listen": %q, "services": [
 		{"name": "d", "protocol": "dtls", "listen": "127.0.0.1:%d", "workers": 1,
 		 "backends": [{"ordinal": 0, "address": "%v"}],
 		 "health_check": {"interval": "100ms", "timeout": "50ms", "fall": 2, "rise": 2}},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/proxyconfig"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -98,21 +99,28 @@ func TestKubernetesNeedsItsBuild(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "examples/kubernetes/cidproxy")
 
-	var got Kubernetes
+	var got proxyconfig.Kubernetes
 	var out, e bytes.Buffer
 	one := registry.Static{{Ordinal: 0, Addr: netip.MustParseAddrPort("127.0.0.1:9")}}
 	code = Run(context.Background(), []string{"-check", "-config", path}, &out, &e, Options{
-		Kubernetes: func(k Kubernetes, _ *slog.Logger) (registry.Source, error) { got = k; return one, nil },
+		Kubernetes: func(k proxyconfig.Kubernetes, _ *slog.Logger) (registry.Source, error) { got = k; return one, nil },
 	})
 	require.Equal(t, 0, code, e.String())
 	ctx, cancel := context.WithCancel(context.Background())
 	code = Run(ctx, []string{"-config", path}, &out, &e, Options{
-		Kubernetes: func(k Kubernetes, _ *slog.Logger) (registry.Source, error) {
+		Kubernetes: func(k proxyconfig.Kubernetes, _ *slog.Logger) (registry.Source, error) {
 			got = k
 			cancel() // serve starts the source, then stops at once
 			return one, nil
 		},
 	})
 	require.Equal(t, 0, code, e.String())
-	require.Equal(t, Kubernetes{Service: "ds", PortName: "dtls"}, got)
+	require.Equal(t, proxyconfig.Kubernetes{Service: "ds", PortName: "dtls"}, got)
+}
+
+// svc is a valid service object; tests splice keys into it.
+const svc = `"name": "coaps", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends": [{"ordinal": 0, "address": "127.0.0.1:6000"}]`
+
+func withServices(services ...string) string {
+	return `{"services": [` + strings.Join(services, ",") + `]}`
 }

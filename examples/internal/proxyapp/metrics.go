@@ -78,9 +78,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	for _, ps := range c.p.services {
-		st := ps.reg.Stats()
-		name := ps.cfg.Name
+	for _, name := range c.p.names {
+		reg, _ := c.p.regs.Registry(name)
+		st := reg.Stats()
 		for _, b := range backendStates(st) {
 			ch <- prometheus.MustNewConstMetric(descBackends, prometheus.GaugeValue, float64(b.n), name, b.state)
 		}

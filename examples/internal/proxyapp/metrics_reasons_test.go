@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/proxyconfig"
 )
 
 // TestMetricsListEveryReason: /metrics lists every drop reason each
@@ -17,7 +18,7 @@ import (
 // sets (cidroute.ForwardDrops, ReverseDrops): a reason added there cannot go
 // missing here.
 func TestMetricsListEveryReason(t *testing.T) {
-	cfg, err := parseConfig(strings.NewReader(fmt.Sprintf(`{"services": [{"name": "d", "protocol": "dtls",
+	cfg, err := proxyconfig.Parse(strings.NewReader(fmt.Sprintf(`{"services": [{"name": "d", "protocol": "dtls",
 		"listen": "127.0.0.1:%d", "workers": 1, "backends": [{"ordinal": 0, "address": "127.0.0.1:9"}]}]}`, freePort(t, "udp"))))
 	require.NoError(t, err)
 	p, err := newProxy(cfg, slog.New(slog.DiscardHandler), Options{})

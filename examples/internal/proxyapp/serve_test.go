@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/proxyconfig"
 )
 
 // TestServeInProcess runs serve under the race detector (the black-box
@@ -31,7 +33,7 @@ func TestServeInProcess(t *testing.T) {
 	}
 	writeFile(`[{"ordinal": 0, "address": "127.0.0.1:9"}]`)
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t, "tcp"))
-	cfg, err := parseConfig(strings.NewReader(fmt.Sprintf(`{"metrics_listen": %q, "services": [
+	cfg, err := proxyconfig.Parse(strings.NewReader(fmt.Sprintf(`{"metrics_listen": %q, "services": [
 		{"name": "d", "protocol": "dtls", "listen": "127.0.0.1:%d", "workers": 1, "backends_file": %q}]}`,
 		metrics, freePort(t, "udp"), file)))
 	require.NoError(t, err)
@@ -108,7 +110,7 @@ func TestServeInProcess(t *testing.T) {
 // start-up and releases the service's sockets.
 func TestServeBadMetricsAddress(t *testing.T) {
 	port := freePort(t, "udp")
-	cfg, err := parseConfig(strings.NewReader(fmt.Sprintf(`{"metrics_listen": "256.0.0.1:1", "services": [{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:%d", "workers": 1, "backends_file": "x"}]}`, port)))
+	cfg, err := proxyconfig.Parse(strings.NewReader(fmt.Sprintf(`{"metrics_listen": "256.0.0.1:1", "services": [{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:%d", "workers": 1, "backends_file": "x"}]}`, port)))
 	require.NoError(t, err)
 	err = serve(context.Background(), cfg, slog.New(slog.DiscardHandler), Options{})
 	require.ErrorContains(t, err, "metrics_listen")

@@ -8,6 +8,7 @@ import (
 	"net"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/proxyconfig"
 )
 
 // An Accelerator is a fast path beside the pipeline: the XDP program of
@@ -29,22 +30,9 @@ type XDPFunc func(pipe *cidroute.Pipeline, services []cidroute.Service, maxDatag
 
 var errNoXDP = errors.New(`"xdp_interfaces" needs a build of cidproxy with the XDP fast path (module cidroute/xdp)`)
 
-// checkXDP validates the "xdp_interfaces" key: names of interfaces,
-// each once. Whether they exist is checked when the program attaches.
-func checkXDP(names []string) error {
-	seen := map[string]bool{}
-	for _, n := range names {
-		if n == "" || len(n) >= 16 || seen[n] { // IFNAMSIZ
-			return fmt.Errorf("xdp_interfaces: %q: want distinct interface names", n)
-		}
-		seen[n] = true
-	}
-	return nil
-}
-
 // startXDP attaches the fast path when the configuration names
 // interfaces. pc is the pipeline's configuration.
-func (p *proxy) startXDP(cfg *config, pc cidroute.Config, opts Options, log *slog.Logger) error {
+func (p *proxy) startXDP(cfg *proxyconfig.Config, pc cidroute.Config, opts Options, log *slog.Logger) error {
 	if len(cfg.XDPInterfaces) == 0 {
 		return nil
 	}

@@ -10,14 +10,16 @@ import (
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/proxyconfig"
 )
 
 func TestXDPInterfacesKey(t *testing.T) {
-	c, err := parseConfig(strings.NewReader(`{"xdp_interfaces": ["eth0", "eth1"], "services": [{` + svc + `}]}`))
+	c, err := proxyconfig.Parse(strings.NewReader(`{"xdp_interfaces": ["eth0", "eth1"], "services": [{` + svc + `}]}`))
 	require.NoError(t, err)
 	require.Equal(t, []string{"eth0", "eth1"}, c.XDPInterfaces)
 	for _, bad := range []string{`["eth0", "eth0"]`, `[""]`, `["a-name-much-too-long"]`} {
-		_, err := parseConfig(strings.NewReader(`{"xdp_interfaces": ` + bad + `, "services": [{` + svc + `}]}`))
+		_, err := proxyconfig.Parse(strings.NewReader(`{"xdp_interfaces": ` + bad + `, "services": [{` + svc + `}]}`))
 		require.ErrorContains(t, err, "xdp_interfaces", bad)
 	}
 }
@@ -26,7 +28,7 @@ func TestXDPInterfacesKey(t *testing.T) {
 // and an unknown interface is an error before anything attaches.
 func TestXDPNeedsTheBuildAndTheInterface(t *testing.T) {
 	listen := fmt.Sprintf("127.0.0.1:%d", testtool.FreePort(t, "udp"))
-	cfg, err := parseConfig(strings.NewReader(`{"xdp_interfaces": ["lo"], "services": [{"name": "coaps", "protocol": "dtls", "listen": "` + listen + `", "backends": [{"ordinal": 0, "address": "127.0.0.1:6000"}]}]}`))
+	cfg, err := proxyconfig.Parse(strings.NewReader(`{"xdp_interfaces": ["lo"], "services": [{"name": "coaps", "protocol": "dtls", "listen": "` + listen + `", "backends": [{"ordinal": 0, "address": "127.0.0.1:6000"}]}]}`))
 	require.NoError(t, err)
 	log := slog.New(slog.DiscardHandler)
 	_, err = newProxy(cfg, log, Options{})

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 
 	"github.com/cidroute/cidroute/examples/internal/proxyapp"
+	"github.com/cidroute/cidroute/proxyconfig"
 	"github.com/cidroute/cidroute/registry"
 	"github.com/cidroute/cidroute/registry/kubernetes"
 )
@@ -17,7 +18,7 @@ func main() { proxyapp.Main(proxyapp.Options{Kubernetes: endpointSlices}) }
 
 // endpointSlices makes the EndpointSlice source of one service, with the
 // in-cluster configuration or the named kubeconfig.
-func endpointSlices(k proxyapp.Kubernetes, log *slog.Logger) (registry.Source, error) {
+func endpointSlices(k proxyconfig.Kubernetes, log *slog.Logger) (registry.Source, error) {
 	client, err := kubernetes.NewClient(k.Kubeconfig)
 	if err != nil {
 		return nil, err

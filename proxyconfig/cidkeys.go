@@ -1,13 +1,10 @@
-package proxyapp
+package proxyconfig
 
 import (
 	"fmt"
-	"log/slog"
 	"path/filepath"
-	"time"
 
-	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/examples/internal/cidkeys"
+	"github.com/cidroute/cidroute/cidkeys"
 	"github.com/cidroute/cidroute/quic"
 )
 
@@ -16,23 +13,20 @@ import (
 // plaintext codec (ordinal-first for DTLS, QUIC-LB plaintext for QUIC).
 const codecEncrypted = "quic-lb-encrypted"
 
-// cidKeysPoll is how often a key file is checked for changes (tests
-// lengthen it to see SIGHUP alone reload it).
-var cidKeysPoll = time.Second
-
-// cidEncryption is a service's encrypted CID configuration. The keys stay
-// in their file: they are read when the proxy starts (and by -check), and
-// again when the file changes or on SIGHUP.
-type cidEncryption struct {
-	NonceLen int
-	KeysFile string
+// CIDEncryption is a service's encrypted CID configuration ("cid_codec":
+// "quic-lb-encrypted"). The keys stay in their file (package cidkeys): they
+// are read by Build and CheckFiles, and again by Registries.Run when the
+// file changes or on Registries.Reload.
+type CIDEncryption struct {
+	NonceLen int    // cid_nonce_length; the CID is 2 + NonceLen octets
+	KeysFile string // cid_keys_file
 }
 
 // parseCIDCodec applies cid_codec, cid_nonce_length and cid_keys_file to
 // s, whose CIDLen holds cid_length or the protocol's default. The CID is 2
 // + nonce octets, so cid_length and cid_nonce_length may each be given
 // alone; both must agree.
-func parseCIDCodec(fs *fileService, s *serviceConfig) error {
+func parseCIDCodec(fs *fileService, s *Service) error {
 	switch fs.CIDCodec {
 	case "":
 		if fs.CIDNonceLength != 0 || fs.CIDKeysFile != "" {
@@ -58,20 +52,20 @@ func parseCIDCodec(fs *fileService, s *serviceConfig) error {
 		return fmt.Errorf("cid_keys_file is required with cid_codec %q", codecEncrypted)
 	}
 	s.CIDLen = nonce + 2
-	s.CIDEncryption = &cidEncryption{NonceLen: nonce, KeysFile: fs.CIDKeysFile}
+	s.CIDEncryption = &CIDEncryption{NonceLen: nonce, KeysFile: fs.CIDKeysFile}
 	return nil
 }
 
 // resolve makes a relative key file path relative to dir (the config
 // file's directory), as backends_file is.
-func (e *cidEncryption) resolve(dir string) {
+func (e *CIDEncryption) resolve(dir string) {
 	if e != nil && !filepath.IsAbs(e.KeysFile) {
 		e.KeysFile = filepath.Join(dir, e.KeysFile)
 	}
 }
 
 // summary is the codec's part of the config summary (no key material).
-func (e *cidEncryption) summary() string {
+func (e *CIDEncryption) summary() string {
 	if e == nil {
 		return ""
 	}
@@ -79,7 +73,7 @@ func (e *cidEncryption) summary() string {
 }
 
 // checkCIDKeyFiles reads every service's key file once, for -check.
-func (c *config) checkCIDKeyFiles() error {
+func (c *Config) checkCIDKeyFiles() error {
 	for _, s := range c.Services {
 		if e := s.CIDEncryption; e != nil {
 			if _, err := cidkeys.Open(e.KeysFile, e.NonceLen); err != nil {
@@ -88,22 +82,4 @@ func (c *config) checkCIDKeyFiles() error {
 		}
 	}
 	return nil
-}
-
-// cidCodec makes the service's codec: nil (the protocol's plaintext
-// default) or an encrypted one with the key file's keys, which ps.keys
-// then keeps in step with the file.
-func (ps *proxyService) cidCodec(log *slog.Logger) (cidroute.CIDCodec, error) {
-	e := ps.cfg.CIDEncryption
-	if e == nil {
-		return nil, nil
-	}
-	f, err := cidkeys.Open(e.KeysFile, e.NonceLen)
-	if err != nil {
-		return nil, fmt.Errorf("cid_keys_file: %w", err)
-	}
-	f.Interval, f.Logger = cidKeysPoll, log
-	log.Info("CID keys loaded", "cid_keys_file", e.KeysFile, "codec", f.Codec().String())
-	ps.keys = f
-	return f.Codec(), nil
 }

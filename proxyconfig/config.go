@@ -1,4 +1,4 @@
-package proxyapp
+package proxyconfig
 
 import (
 	"bytes"
@@ -63,52 +63,53 @@ type fileLimits struct {
 	ZeroRTTPPS   int `json:"zero_rtt_pps"`
 }
 
-// config is a validated configuration with every default filled in.
-type config struct {
-	Seed          uint64
-	MetricsListen string // "" = no metrics endpoint
-	LogLevel      slog.Level
-	XDPInterfaces []string // the XDP fast path's interfaces (xdp.go)
-	Services      []serviceConfig
-	// Join (the -join flag, never in the file) lets the services' sockets
-	// join the SO_REUSEPORT groups a running instance holds on their
-	// addresses: the new process of a restart handover.
-	Join bool
+// Config is a validated configuration with every default filled in.
+type Config struct {
+	Seed          uint64     // hrw_seed
+	MetricsListen string     // metrics_listen; "" = no metrics endpoint
+	LogLevel      slog.Level // log_level
+	// XDPInterfaces (xdp_interfaces) are the interfaces of the XDP fast
+	// path: distinct names, not checked against the host. Attaching is the
+	// program's (module cidroute/xdp, xdp.Accelerate).
+	XDPInterfaces []string
+	Services      []Service
 }
 
-type serviceConfig struct {
+// Service is one entry of "services". The zero values of Workers,
+// MaxSessions, SessionIdle and MaxAge mean the library's defaults.
+type Service struct {
 	Name     string
 	Protocol cidroute.Protocol
 	Listen   netip.AddrPort
 	// Public is the public address (the VIP) when it differs from Listen;
-	// zero means Listen. Not in the JSON yet; the demo sets it.
+	// zero means Listen. Not in the JSON yet; a program may set it.
 	Public netip.AddrPort
 	CIDLen int
 	// CIDEncryption, when set, makes the CIDs encrypted QUIC-LB ones
 	// (cidkeys.go).
-	CIDEncryption *cidEncryption
+	CIDEncryption *CIDEncryption
 	// Transparent (proxy_protocol false): no PPv2 header, one upstream
 	// socket per client address, at most MaxSessions per worker, each
 	// expiring after SessionIdle (0 = the library defaults).
 	Transparent bool
 	MaxSessions int
 	SessionIdle time.Duration
-	Workers     int // 0 = one per CPU (GOMAXPROCS)
-	MaxAge      time.Duration
-	// Exactly one of Backends (a static list, validated) and BackendsFile
-	// (an absolute path, or relative to the working directory).
+	Workers     int           // 0 = one per CPU (GOMAXPROCS)
+	MaxAge      time.Duration // max_registry_age; 0 = never stale
+	// At most one of Backends (a static list, validated), BackendsFile
+	// (an absolute path, or relative to the working directory) and
+	// Kubernetes (the Service whose EndpointSlices are the backends,
+	// sourced by Options.Kubernetes). With none of them the program
+	// supplies the backends (Options.Source).
 	Backends     []registry.Backend
 	BackendsFile string
-	// Kubernetes, when set instead, names the Service whose EndpointSlices
-	// are the backends (builds with Options.Kubernetes only).
-	Kubernetes *Kubernetes
-	Limits     cidroute.Limits
-	// UnroutableHash ("unroutable": "hash", QUIC only) sends short-header
-	// and Handshake packets whose CID names no server (QUIC-LB config
-	// rotation 0b111 or another rotation) to HRW over the ready backends
-	// keyed by client address, the draft's fallback; false drops them.
-	UnroutableHash bool
-	// Health, when set, probes the backends (health.go).
+	Kubernetes   *Kubernetes
+	Limits       cidroute.Limits
+	// Unroutable ("unroutable", QUIC only): what becomes of short-header
+	// and Handshake packets whose CID names no server.
+	Unroutable cidroute.UnroutablePolicy
+	// Health ("health_check"), when set, is the configuration of the
+	// service's health checker, defaults applied (health.go).
 	Health *health.Config
 }
 
@@ -135,14 +136,15 @@ const (
 
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
-// loadConfig reads and validates the file at path. A relative
-// backends_file is taken relative to the config file's directory.
-func loadConfig(ctx context.Context, path string) (*config, error) {
+// Load reads and validates the file at path (at most 1 MiB, a regular
+// file, read within 5 s). A relative backends_file or cid_keys_file is
+// taken relative to the config file's directory.
+func Load(ctx context.Context, path string) (*Config, error) {
 	data, err := boundedread.Read(ctx, path, maxConfigSize, readTimeout)
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := parseConfig(bytes.NewReader(data))
+	cfg, err := Parse(bytes.NewReader(data))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -155,13 +157,14 @@ func loadConfig(ctx context.Context, path string) (*config, error) {
 	return cfg, nil
 }
 
-// parseConfig decodes and validates a JSON configuration.
-func parseConfig(r io.Reader) (*config, error) {
+// Parse decodes and validates a JSON configuration. Relative file names
+// stay as written (relative to the working directory).
+func Parse(r io.Reader) (*Config, error) {
 	var fc fileConfig
 	if err := decodeStrict(r, &fc); err != nil {
 		return nil, err
 	}
-	cfg := &config{Seed: fc.HRWSeed, MetricsListen: fc.MetricsListen, XDPInterfaces: fc.XDPInterfaces}
+	cfg := &Config{Seed: fc.HRWSeed, MetricsListen: fc.MetricsListen, XDPInterfaces: fc.XDPInterfaces}
 	if err := checkXDP(fc.XDPInterfaces); err != nil {
 		return nil, err
 	}
@@ -210,15 +213,15 @@ func parseConfig(r io.Reader) (*config, error) {
 
 // parseService decodes one service. The returned value carries the name
 // (when one was read) even on error, for the caller's message.
-func parseService(raw json.RawMessage) (serviceConfig, error) {
+func parseService(raw json.RawMessage) (Service, error) {
 	var fs fileService
 	if err := decodeStrict(bytes.NewReader(raw), &fs); err != nil {
 		var named struct{ Name string }
 		json.Unmarshal(raw, &named) // only to name the service in the error
-		return serviceConfig{Name: named.Name}, err
+		return Service{Name: named.Name}, err
 	}
-	s := serviceConfig{Name: fs.Name, BackendsFile: fs.BackendsFile, Kubernetes: fs.Kubernetes}
-	fail := func(format string, args ...any) (serviceConfig, error) {
+	s := Service{Name: fs.Name, BackendsFile: fs.BackendsFile, Kubernetes: fs.Kubernetes}
+	fail := func(format string, args ...any) (Service, error) {
 		return s, fmt.Errorf(format, args...)
 	}
 	if !serviceName.MatchString(fs.Name) {
@@ -282,8 +285,6 @@ func parseService(raw json.RawMessage) (serviceConfig, error) {
 	switch {
 	case sources > 1:
 		return fail("backends, backends_file and kubernetes: give exactly one")
-	case sources == 0:
-		return fail("no backends: give backends, backends_file or kubernetes")
 	case fs.Kubernetes != nil:
 		if err := fs.Kubernetes.validate(); err != nil {
 			return fail("kubernetes: %v", err)
@@ -297,7 +298,7 @@ func parseService(raw json.RawMessage) (serviceConfig, error) {
 	switch fs.Unroutable {
 	case "", "drop":
 	case "hash":
-		s.UnroutableHash = true
+		s.Unroutable = cidroute.UnroutableHash
 	default:
 		return fail("unroutable %q: want \"drop\" or \"hash\"", fs.Unroutable)
 	}
@@ -394,9 +395,9 @@ func checkHostPort(s string) error {
 	return nil
 }
 
-// summary is the one-line description -check prints and the start-up log
-// repeats.
-func (c *config) summary() string {
+// Summary is a one-line description of c, the one cidproxy -check prints
+// and its start-up log repeats. It shows no key material.
+func (c *Config) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d service(s):", len(c.Services))
 	for i, s := range c.Services {
@@ -408,6 +409,8 @@ func (c *config) summary() string {
 			fmt.Fprintf(&b, ", backends from EndpointSlices of %s/%s", s.Kubernetes.namespace(), s.Kubernetes.Service)
 		} else if s.BackendsFile != "" {
 			fmt.Fprintf(&b, ", backends from %s", s.BackendsFile)
+		} else if s.Backends == nil {
+			b.WriteString(", backends from the program")
 		} else {
 			fmt.Fprintf(&b, ", %d backends", len(s.Backends))
 		}
@@ -420,7 +423,7 @@ func (c *config) summary() string {
 		if s.Limits != (cidroute.Limits{}) {
 			b.WriteString(", limits on")
 		}
-		if s.UnroutableHash {
+		if s.Unroutable == cidroute.UnroutableHash {
 			b.WriteString(", unroutable CIDs hashed")
 		}
 		b.WriteString(healthSummary(s.Health))
@@ -433,11 +436,11 @@ func (c *config) summary() string {
 	return b.String()
 }
 
-// checkBackendFiles reads every backends_file once, for -check: at run time
-// a bad file is logged and retried, but a check should say so. The read is
-// bounded as the file source's is, and the list validated by the same
-// decoder.
-func (c *config) checkBackendFiles(ctx context.Context) error {
+// CheckFiles reads every backends_file and cid_keys_file once, for
+// cidproxy -check: at run time a bad file is logged and retried, but a
+// check should say so. The read is bounded as the file source's is, and
+// the list validated by the same decoder.
+func (c *Config) CheckFiles(ctx context.Context) error {
 	for _, s := range c.Services {
 		if s.BackendsFile == "" {
 			continue
@@ -449,6 +452,19 @@ func (c *config) checkBackendFiles(ctx context.Context) error {
 		if _, err := registry.DecodeBackends(bytes.NewReader(data)); err != nil {
 			return fmt.Errorf("service %q: backends_file %s: %w", s.Name, s.BackendsFile, err)
 		}
+	}
+	return c.checkCIDKeyFiles()
+}
+
+// checkXDP validates the "xdp_interfaces" key: names of interfaces,
+// each once. Whether they exist is checked when the program attaches.
+func checkXDP(names []string) error {
+	seen := map[string]bool{}
+	for _, n := range names {
+		if n == "" || len(n) >= 16 || seen[n] { // IFNAMSIZ
+			return fmt.Errorf("xdp_interfaces: %q: want distinct interface names", n)
+		}
+		seen[n] = true
 	}
 	return nil
 }

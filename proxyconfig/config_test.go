@@ -1,4 +1,4 @@
-package proxyapp
+package proxyconfig
 
 import (
 	"context"
@@ -27,9 +27,9 @@ func TestParseConfigGood(t *testing.T) {
 	tests := []struct {
 		name  string
 		in    string
-		check func(t *testing.T, c *config)
+		check func(t *testing.T, c *Config)
 	}{
-		{"defaults", withServices(`{` + svc + `}`), func(t *testing.T, c *config) {
+		{"defaults", withServices(`{` + svc + `}`), func(t *testing.T, c *Config) {
 			require.Equal(t, slog.LevelInfo, c.LogLevel)
 			require.Equal(t, uint64(0), c.Seed)
 			require.Empty(t, c.MetricsListen)
@@ -43,7 +43,7 @@ func TestParseConfigGood(t *testing.T) {
 			require.Equal(t, []registry.Backend{{Ordinal: 0, Addr: netip.MustParseAddrPort("127.0.0.1:6000"), Weight: 1}}, s.Backends)
 			require.Equal(t, cidroute.Limits{}, s.Limits)
 		}},
-		{"quic default cid length", withServices(`{"name": "h3", "protocol": "quic", "listen": "[::]:443", "backends_file": "b.json"}`), func(t *testing.T, c *config) {
+		{"quic default cid length", withServices(`{"name": "h3", "protocol": "quic", "listen": "[::]:443", "backends_file": "b.json"}`), func(t *testing.T, c *Config) {
 			require.Equal(t, cidroute.QUIC, c.Services[0].Protocol)
 			require.Equal(t, 12, c.Services[0].CIDLen)
 			require.Equal(t, "b.json", c.Services[0].BackendsFile)
@@ -51,7 +51,7 @@ func TestParseConfigGood(t *testing.T) {
 		}},
 		{"everything set", `{"hrw_seed": 18446744073709551615, "metrics_listen": ":9184", "log_level": "debug", "services": [{` + svc + `,
 			"cid_length": 10, "proxy_protocol": true, "workers": 4, "max_registry_age": "1m30s",
-			"limits": {"global_pps": 1, "per_source_pps": 2, "handshake_pps": 3, "zero_rtt_pps": 4}}]}`, func(t *testing.T, c *config) {
+			"limits": {"global_pps": 1, "per_source_pps": 2, "handshake_pps": 3, "zero_rtt_pps": 4}}]}`, func(t *testing.T, c *Config) {
 			require.Equal(t, uint64(1<<64-1), c.Seed)
 			require.Equal(t, ":9184", c.MetricsListen)
 			require.Equal(t, slog.LevelDebug, c.LogLevel)
@@ -63,53 +63,53 @@ func TestParseConfigGood(t *testing.T) {
 		}},
 		{"backend fields", withServices(`{"name": "a", "protocol": "dtls", "listen": "10.0.0.1:1", "backends": [
 			{"ordinal": 254, "address": "[fd00::1]:2", "weight": 5, "state": "draining"},
-			{"ordinal": 3, "address": "10.0.0.2:2", "state": "ready"}]}`), func(t *testing.T, c *config) {
+			{"ordinal": 3, "address": "10.0.0.2:2", "state": "ready"}]}`), func(t *testing.T, c *Config) {
 			require.Equal(t, []registry.Backend{
 				{Ordinal: 254, Addr: netip.MustParseAddrPort("[fd00::1]:2"), Weight: 5, State: registry.Draining},
 				{Ordinal: 3, Addr: netip.MustParseAddrPort("10.0.0.2:2"), Weight: 1, State: registry.Ready},
 			}, c.Services[0].Backends)
 		}},
-		{"two services", withServices(`{`+svc+`}`, `{"name": "b", "protocol": "quic", "listen": "127.0.0.1:443", "backends": null, "backends_file": "x"}`), func(t *testing.T, c *config) {
+		{"two services", withServices(`{`+svc+`}`, `{"name": "b", "protocol": "quic", "listen": "127.0.0.1:443", "backends": null, "backends_file": "x"}`), func(t *testing.T, c *Config) {
 			require.Len(t, c.Services, 2)
 		}},
-		{"log levels", `{"log_level": "error", "services": [{` + svc + `}]}`, func(t *testing.T, c *config) {
+		{"log levels", `{"log_level": "error", "services": [{` + svc + `}]}`, func(t *testing.T, c *Config) {
 			require.Equal(t, slog.LevelError, c.LogLevel)
 		}},
 		{"kubernetes backends", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:5684",
-			"kubernetes": {"namespace": "iot", "service": "ds", "port_name": "dtls"}}`), func(t *testing.T, c *config) {
+			"kubernetes": {"namespace": "iot", "service": "ds", "port_name": "dtls"}}`), func(t *testing.T, c *Config) {
 			require.Equal(t, &Kubernetes{Namespace: "iot", Service: "ds", PortName: "dtls"}, c.Services[0].Kubernetes)
-			require.Contains(t, c.summary(), "EndpointSlices of iot/ds")
+			require.Contains(t, c.Summary(), "EndpointSlices of iot/ds")
 		}},
-		{"transparent mode", withServices(`{` + svc + `, "proxy_protocol": false, "max_sessions": 1000, "session_idle": "30s"}`), func(t *testing.T, c *config) {
+		{"transparent mode", withServices(`{` + svc + `, "proxy_protocol": false, "max_sessions": 1000, "session_idle": "30s"}`), func(t *testing.T, c *Config) {
 			s := c.Services[0]
 			require.True(t, s.Transparent)
 			require.Equal(t, 1000, s.MaxSessions)
 			require.Equal(t, 30*time.Second, s.SessionIdle)
 		}},
-		{"max age off", withServices(`{` + svc + `, "max_registry_age": "0s"}`), func(t *testing.T, c *config) {
+		{"max age off", withServices(`{` + svc + `, "max_registry_age": "0s"}`), func(t *testing.T, c *Config) {
 			require.Zero(t, c.Services[0].MaxAge)
 		}},
 		{"unroutable", withServices(`{"name": "h3", "protocol": "quic", "listen": "[::]:443", "backends_file": "b.json", "unroutable": "hash"}`,
 			`{"name": "h4", "protocol": "quic", "listen": "[::]:444", "backends_file": "b.json", "unroutable": "drop"}`,
-			`{"name": "h5", "protocol": "quic", "listen": "[::]:445", "backends_file": "b.json"}`), func(t *testing.T, c *config) {
-			require.True(t, c.Services[0].UnroutableHash)
-			require.False(t, c.Services[1].UnroutableHash)
-			require.False(t, c.Services[2].UnroutableHash, "drop by default")
+			`{"name": "h5", "protocol": "quic", "listen": "[::]:445", "backends_file": "b.json"}`), func(t *testing.T, c *Config) {
+			require.Equal(t, cidroute.UnroutableHash, c.Services[0].Unroutable)
+			require.Equal(t, cidroute.UnroutableDrop, c.Services[1].Unroutable)
+			require.Equal(t, cidroute.UnroutableDrop, c.Services[2].Unroutable, "drop by default")
 		}},
-		{"duration bounds", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "1s", "max_registry_age": "3s"}`), func(t *testing.T, c *config) {
+		{"duration bounds", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "1s", "max_registry_age": "3s"}`), func(t *testing.T, c *Config) {
 			require.Equal(t, time.Second, c.Services[0].SessionIdle)
 			require.Equal(t, 3*time.Second, c.Services[0].MaxAge)
 		}},
-		{"mapped listen", withServices(`{"name": "m", "protocol": "dtls", "listen": "[::ffff:127.0.0.1]:5684", "backends_file": "f"}`), func(t *testing.T, c *config) {
+		{"mapped listen", withServices(`{"name": "m", "protocol": "dtls", "listen": "[::ffff:127.0.0.1]:5684", "backends_file": "f"}`), func(t *testing.T, c *Config) {
 			require.Equal(t, netip.MustParseAddrPort("127.0.0.1:5684"), c.Services[0].Listen)
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := parseConfig(strings.NewReader(tt.in))
+			c, err := Parse(strings.NewReader(tt.in))
 			require.NoError(t, err)
 			tt.check(t, c)
-			require.NotEmpty(t, c.summary())
+			require.NotEmpty(t, c.Summary())
 		})
 	}
 }
@@ -157,7 +157,6 @@ func TestParseConfigBad(t *testing.T) {
 		{"bad duration", withServices(`{` + svc + `, "max_registry_age": "30"}`), `max_registry_age "30"`},
 		{"negative duration", withServices(`{` + svc + `, "max_registry_age": "-1s"}`), `max_registry_age "-1s"`},
 		{"both backend keys", withServices(`{` + svc + `, "backends_file": "f"}`), "give exactly one"},
-		{"no backends", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5"}`), "no backends"},
 		{"empty backends", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": []}`), "empty backend list"},
 		{"negative limit", withServices(`{` + svc + `, "limits": {"handshake_pps": -5}}`), "limits.handshake_pps -5"},
 		{"reserved ordinal", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 255, "address": "1.1.1.1:1"}]}`), "255"},
@@ -184,7 +183,7 @@ func TestParseConfigBad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parseConfig(strings.NewReader(tt.in))
+			_, err := Parse(strings.NewReader(tt.in))
 			require.Error(t, err)
 			require.Contains(t, err.Error(), tt.want)
 		})
@@ -201,7 +200,7 @@ func TestParseConfigRegistryErrors(t *testing.T) {
 		{`[{"ordinal": 1, "address": "0.0.0.0:1"}]`, registry.ErrUnspecifiedAddr},
 		{`[{"ordinal": 1, "address": "1.1.1.1:0"}]`, registry.ErrZeroPort},
 	} {
-		_, err := parseConfig(strings.NewReader(withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": ` + tt.backends + `}`)))
+		_, err := Parse(strings.NewReader(withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": ` + tt.backends + `}`)))
 		require.ErrorIs(t, err, tt.want, tt.backends)
 		require.Contains(t, err.Error(), `services[0] ("a"): backends`)
 	}
@@ -215,29 +214,22 @@ func TestLoadConfigBackendsFile(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644))
 	}
 	write("c.json", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends_file": "b.json"}`))
-	c, err := loadConfig(context.Background(), path)
+	c, err := Load(context.Background(), path)
 	require.NoError(t, err)
 	require.Equal(t, filepath.Join(dir, "b.json"), c.Services[0].BackendsFile, "relative to the config file")
-	require.Error(t, c.checkBackendFiles(context.Background()), "missing file")
+	require.Error(t, c.CheckFiles(context.Background()), "missing file")
 
 	write("b.json", `[{"ordinal": 1, "address": "1.1.1.1:1"}, {"ordinal": 1, "address": "1.1.1.2:1"}]`)
-	err = c.checkBackendFiles(context.Background())
+	err = c.CheckFiles(context.Background())
 	require.ErrorIs(t, err, registry.ErrDuplicateOrdinal)
 	require.Contains(t, err.Error(), `service "a": backends_file`)
 
 	write("b.json", `[]`)
-	require.ErrorIs(t, c.checkBackendFiles(context.Background()), registry.ErrEmptyList)
+	require.ErrorIs(t, c.CheckFiles(context.Background()), registry.ErrEmptyList)
 
 	write("b.json", `[{"ordinal": 1, "address": "1.1.1.1:1"}]`)
-	require.NoError(t, c.checkBackendFiles(context.Background()))
+	require.NoError(t, c.CheckFiles(context.Background()))
 
-	_, err = loadConfig(context.Background(), filepath.Join(dir, "missing.json"))
+	_, err = Load(context.Background(), filepath.Join(dir, "missing.json"))
 	require.True(t, errors.Is(err, os.ErrNotExist))
-}
-
-func TestExampleConfig(t *testing.T) {
-	c, err := loadConfig(context.Background(), "../../cidproxy/example.json")
-	require.NoError(t, err)
-	require.NoError(t, c.checkBackendFiles(context.Background()))
-	require.Len(t, c.Services, 2)
 }

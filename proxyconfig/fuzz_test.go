@@ -1,4 +1,4 @@
-package proxyapp
+package proxyconfig
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(withServices(`{` + svc + `}`)))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		cfg, err := parseConfig(bytes.NewReader(data))
+		cfg, err := Parse(bytes.NewReader(data))
 		if err != nil {
 			return
 		}
@@ -34,7 +34,7 @@ func FuzzParseConfig(f *testing.F) {
 			if s.SessionIdle != 0 && s.SessionIdle < minSessionIdle || s.MaxAge != 0 && s.MaxAge < minRegistryAge {
 				t.Fatalf("accepted durations %v, %v", s.SessionIdle, s.MaxAge)
 			}
-			if s.BackendsFile == "" && s.Kubernetes == nil {
+			if s.Backends != nil {
 				if err := registry.Validate(s.Backends); err != nil {
 					t.Fatalf("accepted backends %+v: %v", s.Backends, err)
 				}

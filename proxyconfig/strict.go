@@ -1,4 +1,4 @@
-package proxyapp
+package proxyconfig
 
 import (
 	"bytes"

@@ -1,6 +1,7 @@
 // Package cidkeys reads the QUIC-LB key file of encrypted connection IDs
-// (quic.LBEncrypted) for cidproxy and the example backends, and keeps a
-// codec's keys in step with it.
+// (quic.LBEncrypted), the "cid_keys_file" of cidproxy's configuration, and
+// keeps a codec's keys in step with it: the proxy's codec and a backend's
+// CID generator read the same file.
 //
 // The file is JSON: the configurations by config ID (0–6), each an AES-128
 // key as 32 hex digits, and the active one, which backends encrypt new

@@ -1,0 +1,326 @@
+package proxyconfig
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/cidkeys"
+	"github.com/cidroute/cidroute/health"
+	"github.com/cidroute/cidroute/registry"
+)
+
+// Options are what a program adds to a Config when it builds the
+// services: the sources whose code the file cannot name, and settings that
+// are flags rather than keys.
+type Options struct {
+	// Logger receives the registries', sources' and key files' logs, with
+	// a "service" attribute. nil means slog.Default().
+	Logger *slog.Logger
+	// Source, when set, is asked first for each service's backend source
+	// (the program's own Consul, etcd or DNS watcher). A nil Source
+	// leaves the service to its backends, backends_file or kubernetes
+	// key; a service with none of them must get one here.
+	Source func(s Service, log *slog.Logger) (registry.Source, error)
+	// Kubernetes makes the source of a service with a "kubernetes" key,
+	// typically with module registry/kubernetes (kubernetes.New); nil
+	// refuses such services with ErrNoKubernetes, so that the client-go
+	// dependency stays out of programs that do not want it.
+	Kubernetes func(k Kubernetes, log *slog.Logger) (registry.Source, error)
+	// Join sets cidroute.Service.JoinExisting on every service: the new
+	// process of a restart handover shares the sockets of the old one.
+	Join bool
+	// KeysPoll is how often a cid_keys_file is checked for changes (0
+	// means 1 s).
+	KeysPoll time.Duration
+}
+
+// Errors of Validate and Build, wrapped with the service's name.
+var (
+	ErrNoKubernetes = errors.New(`proxyconfig: "kubernetes" backends need Options.Kubernetes`)
+	ErrNoSource     = errors.New("proxyconfig: no backends: give backends, backends_file or kubernetes")
+)
+
+// StopWait bounds how long Registries.Run waits, once its context is
+// done, for the sources to return: a read stuck in the kernel or a source
+// that ignores its context must not hold up a shutdown.
+const StopWait = time.Second
+
+// Validate reports what Build would refuse for lack of a hook in o: a
+// "kubernetes" service without Options.Kubernetes, a service without
+// backends key without Options.Source.
+func (c *Config) Validate(o Options) error {
+	for _, s := range c.Services {
+		switch {
+		case s.Kubernetes != nil && o.Kubernetes == nil:
+			return fmt.Errorf("service %q: %w", s.Name, ErrNoKubernetes)
+		case s.Kubernetes == nil && s.BackendsFile == "" && s.Backends == nil && o.Source == nil:
+			return fmt.Errorf("service %q: %w", s.Name, ErrNoSource)
+		}
+	}
+	return nil
+}
+
+// Registries are the registries of a Config's services, the sources that
+// feed them and the CID key files their codecs read: what a Pipeline needs
+// beside its sockets. Build them with Config.Build, hand Services to
+// cidroute.New, and Run them beside the Pipeline.
+type Registries struct {
+	log      *slog.Logger
+	services []*service
+	defs     []cidroute.Service
+	ran      sync.Once
+	closed   sync.Once
+}
+
+type service struct {
+	name    string
+	reg     *registry.Registry
+	updater *loggingUpdater // reg, logging changes
+	source  registry.Source
+	file    *registry.File  // nil unless backends_file
+	keys    *cidkeys.File   // nil without encrypted CIDs
+	checker *health.Checker // nil without health_check
+}
+
+// Build makes a registry for each service, the source that feeds it, and
+// the service's definition for cidroute.New. A static list is published
+// before Build returns, so that no datagram meets an empty registry;
+// every other source starts with Run. An encrypted service's key file is
+// read here (a missing or unreadable file fails Build). Close releases
+// what Build made if the Registries are never run.
+func (c *Config) Build(o Options) (*Registries, error) {
+	if err := c.Validate(o); err != nil {
+		return nil, err
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	r := &Registries{log: log}
+	for _, sc := range c.Services {
+		s, def, err := r.build(c.Seed, sc, o, log.With("service", sc.Name))
+		if err != nil {
+			r.Close()
+			return nil, fmt.Errorf("service %q: %w", sc.Name, err)
+		}
+		r.services = append(r.services, s)
+		r.defs = append(r.defs, def)
+	}
+	return r, nil
+}
+
+func (r *Registries) build(seed uint64, sc Service, o Options, log *slog.Logger) (_ *service, _ cidroute.Service, err error) {
+	reg, err := registry.New(registry.Config{Service: sc.Name, Seed: seed, MaxAge: sc.MaxAge, Logger: log})
+	if err != nil {
+		return nil, cidroute.Service{}, err
+	}
+	defer func() {
+		if err != nil {
+			reg.Close()
+		}
+	}()
+	s := &service{name: sc.Name, reg: reg, updater: &loggingUpdater{Registry: reg, log: log}}
+	if o.Source != nil {
+		if s.source, err = o.Source(sc, log); err != nil {
+			return nil, cidroute.Service{}, err
+		}
+	}
+	switch {
+	case s.source != nil:
+	case sc.Kubernetes != nil:
+		if s.source, err = o.Kubernetes(*sc.Kubernetes, log); err != nil {
+			return nil, cidroute.Service{}, err
+		}
+	case sc.BackendsFile != "":
+		s.file = &registry.File{Path: sc.BackendsFile, Logger: log}
+		s.source = s.file
+	case sc.Backends != nil:
+		if err := s.updater.Update(sc.Backends); err != nil {
+			return nil, cidroute.Service{}, err
+		}
+		s.source = registry.Static(sc.Backends)
+	default:
+		return nil, cidroute.Service{}, ErrNoSource
+	}
+	if sc.Health != nil {
+		hc := *sc.Health
+		hc.Logger = o.Logger
+		if hc.Logger == nil {
+			hc.Logger = slog.Default()
+		}
+		if s.checker, err = health.New(reg, hc); err != nil { // the checker names the service
+			return nil, cidroute.Service{}, fmt.Errorf("health_check: %w", err)
+		}
+	}
+	var codec cidroute.CIDCodec
+	if e := sc.CIDEncryption; e != nil {
+		f, err := cidkeys.Open(e.KeysFile, e.NonceLen)
+		if err != nil {
+			return nil, cidroute.Service{}, fmt.Errorf("cid_keys_file: %w", err)
+		}
+		f.Interval, f.Logger = o.KeysPoll, log
+		log.Info("CID keys loaded", "cid_keys_file", e.KeysFile, "codec", f.Codec().String())
+		s.keys, codec = f, f.Codec()
+	}
+	return s, cidroute.Service{
+		Name:   sc.Name,
+		Listen: sc.Listen,
+		RouterConfig: cidroute.RouterConfig{
+			Protocol:    sc.Protocol,
+			PublicAddr:  sc.Public,
+			CIDLen:      sc.CIDLen,
+			Codec:       codec,
+			Backends:    reg,
+			Transparent: sc.Transparent,
+			Unroutable:  sc.Unroutable,
+		},
+		Limits:       sc.Limits,
+		Workers:      sc.Workers,
+		MaxSessions:  sc.MaxSessions,
+		SessionIdle:  sc.SessionIdle,
+		JoinExisting: o.Join,
+	}, nil
+}
+
+// Services returns the services' definitions for cidroute.Config, in the
+// file's order, each routing over its registry. The slice is the caller's.
+func (r *Registries) Services() []cidroute.Service { return slices.Clone(r.defs) }
+
+// Registry returns the named service's registry.
+func (r *Registries) Registry(service string) (reg *registry.Registry, ok bool) {
+	for _, s := range r.services {
+		if s.name == service {
+			return s.reg, true
+		}
+	}
+	return nil, false
+}
+
+// Checker returns the named service's health checker; ok is false for a
+// service without health_check.
+func (r *Registries) Checker(service string) (c *health.Checker, ok bool) {
+	for _, s := range r.services {
+		if s.name == service && s.checker != nil {
+			return s.checker, true
+		}
+	}
+	return nil, false
+}
+
+// Run runs every source, key file and health checker until ctx is done, then waits for
+// them to return, at most StopWait. A source that fails is logged; its
+// registry keeps the last backends. Run runs at most once.
+func (r *Registries) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	r.ran.Do(func() {
+		for _, s := range r.services {
+			if s.keys != nil {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s.keys.Run(ctx)
+				}()
+			}
+			if s.checker != nil {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s.checker.Run(ctx)
+				}()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.source.Run(ctx, s.updater); err != nil && !errors.Is(err, context.Canceled) {
+					s.updater.log.Error("backend source stopped; routing goes on with the last backends", "err", err)
+				}
+			}()
+		}
+	})
+	<-ctx.Done()
+	stopped := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(StopWait):
+		r.log.Error("a backend source did not stop in time; stopping without it", "wait", StopWait)
+	}
+}
+
+// Reload asks every backends_file source and every CID key file to read
+// its file now (wire it to SIGHUP). It does not wait.
+func (r *Registries) Reload() {
+	for _, s := range r.services {
+		if s.file != nil {
+			s.file.Reload()
+		}
+		if s.keys != nil {
+			s.keys.Reload()
+		}
+	}
+}
+
+// Close stops the registries' timers. Call it after Run has returned (or
+// instead of Run). It is idempotent.
+func (r *Registries) Close() {
+	r.closed.Do(func() {
+		for _, s := range r.services {
+			s.reg.Close()
+		}
+	})
+}
+
+// loggingUpdater logs each change of a service's backends. Sources log
+// their own failures; confirmations and unchanged updates are silent.
+// Embedding keeps Registry's MaxAge, which Static uses to pace Confirm,
+// and Reject, which File uses to count undecodable files.
+type loggingUpdater struct {
+	*registry.Registry
+	log    *slog.Logger
+	mu     sync.Mutex // one Update at a time, so that prev is the one before
+	logged bool
+}
+
+func (u *loggingUpdater) Update(bs []registry.Backend) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	prev := u.Snapshot()
+	if err := u.Registry.Update(bs); err != nil {
+		return err
+	}
+	// Compared with the snapshot just before, not the last one logged: a
+	// health checker publishes too (a backend marked down is listed as
+	// draining), and its changes are its own to log.
+	s := u.Snapshot()
+	if u.logged && slices.Equal(prev.Backends(), s.Backends()) { // a source repeating itself
+		return nil
+	}
+	u.logged = true
+	u.log.Info("backends changed", "version", s.Version(),
+		"ready", s.Count(registry.Ready), "draining", s.Count(registry.Draining), "gone", s.Count(registry.Gone),
+		"backends", backendList(s.Backends()))
+	return nil
+}
+
+// backendList formats backends compactly for a log line:
+// "0=10.0.0.10:5684 ready w1, 1=...".
+func backendList(bs []registry.Backend) string {
+	var b strings.Builder
+	for i, be := range bs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d=%v %v w%d", be.Ordinal, be.Addr, be.State, be.Weight)
+	}
+	return b.String()
+}

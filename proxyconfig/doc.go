@@ -1,0 +1,49 @@
+// Package proxyconfig reads the JSON configuration of cidproxy and turns
+// it into the library's service definitions, so that a program can embed
+// the whole proxy — with its own backend sources, metrics and logs — from
+// the same file the reference binary reads.
+//
+//	cfg, err := proxyconfig.Load(ctx, "cidproxy.json")
+//	regs, err := cfg.Build(proxyconfig.Options{Source: mySource})
+//	pipe, err := cidroute.New(cidroute.Config{Services: regs.Services()})
+//	go regs.Run(ctx)
+//	err = pipe.Run(ctx)
+//
+// (errors elided; see the package example.)
+//
+// # The file
+//
+// One JSON object; every object in it is read by one strict decoder: a key
+// must be spelled exactly (lower case), may appear once per object, and an
+// unknown key anywhere is an error, so a typo is reported instead of
+// silently becoming a default.
+//
+//	{
+//	  "hrw_seed": 7205759403792793,       // the same on every replica
+//	  "metrics_listen": "127.0.0.1:9184", // for the program; absent = none
+//	  "log_level": "info",                // debug, info, warn, error
+//	  "xdp_interfaces": ["eth0"],         // for the program (module cidroute/xdp)
+//	  "services": [{
+//	    "name": "coaps", "protocol": "dtls", "listen": "0.0.0.0:5684",
+//	    "cid_length": 8,                  // DTLS default 8, QUIC 12
+//	    "cid_codec": "quic-lb-encrypted", "cid_nonce_length": 6, "cid_keys_file": "keys.json",
+//	    "proxy_protocol": true,           // false: transparent mode
+//	    "max_sessions": 0, "session_idle": "2m", // transparent mode only
+//	    "workers": 2, "max_registry_age": "30s",
+//	    "backends": [{"ordinal": 0, "address": "10.0.0.10:5684"}],
+//	    "unroutable": "drop",             // QUIC only: drop or hash
+//	    "limits": {"global_pps": 0, "per_source_pps": 200, "handshake_pps": 2000, "zero_rtt_pps": 0},
+//	    "health_check": {"interval": "2s", "timeout": "1s", "fall": 3, "rise": 2} // absent = no probes
+//	  }]
+//	}
+//
+// (comments are not JSON.) A service's backends come from exactly one of
+// "backends" (the list format of registry.DecodeBackends), "backends_file"
+// (the same list in a file, polled: registry.File) and "kubernetes" (the
+// EndpointSlices of a Service, through Options.Kubernetes), or, with none
+// of them, from the program (Options.Source). With "health_check",
+// Registries.Run also runs a health.Checker per service, which marks
+// backends down in the service's registry (Registries.Checker gives its
+// Stats). The meaning and bounds of
+// every key are in examples/cidproxy/README.md; Parse enforces them.
+package proxyconfig
