@@ -1,6 +1,9 @@
 package proxyconfig
 
 import (
+	"context"
+	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -56,4 +59,41 @@ func TestHealthCheckConfig(t *testing.T) {
 		_, err := parse(hc)
 		assert.ErrorContains(t, err, want, hc)
 	}
+}
+
+// Registries.Run runs the service's health checker: a backend whose port
+// is closed (ICMP port unreachable) is marked down in its registry, the
+// change is logged once, and Registries.Checker gives the checker's view.
+// A service without health_check has no checker.
+func TestRegistriesRunHealthChecker(t *testing.T) {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	closed := c.LocalAddr().String()
+	c.Close()
+	cfg := mustParse(t, `{"services": [{"name": "d", "protocol": "dtls", "listen": "127.0.0.1:5684",
+		"backends": [{"ordinal": 0, "address": "`+closed+`"}], "health_check": {"interval": "100ms", "timeout": "50ms"}},
+		{"name": "q", "protocol": "quic", "listen": "127.0.0.1:443", "backends": [{"ordinal": 0, "address": "`+closed+`"}]}]}`)
+	var logs syncBuffer
+	regs, err := cfg.Build(Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	defer regs.Close()
+	_, ok := regs.Checker("q")
+	assert.False(t, ok)
+	ch, ok := regs.Checker("d")
+	require.True(t, ok)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { regs.Run(ctx); close(done) }()
+	reg, _ := regs.Registry("d")
+	require.Eventually(t, func() bool { return reg.Snapshot().Down(0) }, 5*time.Second, 10*time.Millisecond)
+	cancel()
+	<-done
+	st := ch.Stats()
+	require.Len(t, st.Backends, 1)
+	assert.False(t, st.Backends[0].Up)
+	assert.Positive(t, st.Backends[0].Results[health.Refused])
+	assert.Equal(t, 1, strings.Count(logs.String(), "backend down"), logs.String())
+	assert.Contains(t, logs.String(), "service=d")
+	q, _ := regs.Registry("q")
+	assert.False(t, q.Snapshot().Down(0), "no probes without health_check")
 }
