@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cidroute/cidroute/registry"
@@ -100,6 +101,7 @@ type Checker struct {
 	mu       sync.Mutex
 	backends map[key]*backendState
 	rtt      Histogram
+	rounds   atomic.Uint64 // rounds applied, for tests
 }
 
 // key identifies a backend: a new address is a new backend.
@@ -191,6 +193,7 @@ func (c *Checker) round(ctx context.Context) {
 	for i, k := range cands {
 		c.apply(k, snap, out[i].rtt, out[i].err)
 	}
+	c.rounds.Add(1)
 }
 
 // apply counts one probe's result and moves the backend's state. The
