@@ -394,6 +394,9 @@ func (p *Pipeline) Stats() []ServiceStats {
 	out := make([]ServiceStats, len(p.services))
 	for i, s := range p.services {
 		out[i].Name = s.cfg.Name
+		if s.cfg.Transparent {
+			out[i].MaxSessions = s.cfg.MaxSessions * len(s.workers)
+		}
 		for _, w := range s.workers {
 			w.fwd.load(&out[i].Forward)
 			w.rp.rev.load(&out[i].Reverse)

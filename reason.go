@@ -1,6 +1,10 @@
 package cidroute
 
-import "iter"
+import (
+	"errors"
+	"iter"
+	"syscall"
+)
 
 // A Reason says why a datagram was dropped. The zero Reason means it was
 // forwarded.
@@ -22,6 +26,7 @@ const (
 	SessionLimit                  // transparent mode: the session table is full
 	Unroutable                    // forward: a QUIC-LB CID no configuration decodes, and RouterConfig.Unroutable is UnroutableDrop
 	OwnAddress                    // forward: the chosen backend is one of the proxy's own addresses (a loop)
+	TooBig                        // the kernel refused to send it as too big (EMSGSIZE): with the PPv2 header it exceeds what the socket may send
 
 	NumReasons = iota
 )
@@ -41,6 +46,7 @@ var reasonNames = [NumReasons]string{
 	SessionLimit:    "session_limit",
 	Unroutable:      "unroutable",
 	OwnAddress:      "own_address",
+	TooBig:          "too_big",
 }
 
 // String returns the reason's metric label ("" for Forwarded).
@@ -58,9 +64,17 @@ type ReasonSet uint32
 // from the start, at zero, so that a new reason cannot go missing from it.
 const (
 	ForwardDrops ReasonSet = 1<<Malformed | 1<<UnknownOrdinal | 1<<NotServing | 1<<Unroutable |
-		1<<NoReadyBackend | 1<<StaleRegistry | 1<<RateLimited | 1<<OwnAddress | 1<<SessionLimit | 1<<SendError
-	ReverseDrops ReasonSet = 1<<Malformed | 1<<UntrustedSender | 1<<BadProxyHeader | 1<<BadDestination | 1<<SendError
+		1<<NoReadyBackend | 1<<StaleRegistry | 1<<RateLimited | 1<<OwnAddress | 1<<SessionLimit | 1<<SendError | 1<<TooBig
+	ReverseDrops ReasonSet = 1<<Malformed | 1<<UntrustedSender | 1<<BadProxyHeader | 1<<BadDestination | 1<<SendError | 1<<TooBig
 )
+
+// sendReason is the drop reason of a datagram the kernel refused to send.
+func sendReason(err error) Reason {
+	if errors.Is(err, syscall.EMSGSIZE) {
+		return TooBig
+	}
+	return SendError
+}
 
 // Has reports whether r is in s.
 func (s ReasonSet) Has(r Reason) bool { return r < NumReasons && s&(1<<r) != 0 }

@@ -36,8 +36,11 @@ type ServiceStats struct {
 	Forward Counters // client → backend
 	Reverse Counters // backend → client
 	// Sessions is the number of transparent-mode sessions (0 in PPv2
-	// mode, which keeps no per-client state).
-	Sessions int
+	// mode, which keeps no per-client state), and MaxSessions what the
+	// session tables of all the service's workers hold at most (0 in PPv2
+	// mode): a datagram of a new flow finding its worker's table full is
+	// dropped as SessionLimit.
+	Sessions, MaxSessions int
 }
 
 // liveCounters is one worker's counters for one direction. The worker adds

@@ -103,7 +103,7 @@ func (t *sessionTable) send(out []udpio.Message, from []Session, c *Counters) er
 			continue
 		}
 		if _, err := s.conn.Write(m.Buf); err != nil {
-			c.Dropped[SendError]++
+			c.Dropped[sendReason(err)]++
 			continue
 		}
 		c.Forwarded++

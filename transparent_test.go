@@ -83,6 +83,7 @@ func TestTransparentLimits(t *testing.T) {
 	}
 	s := tp.quiet(t)
 	assert.Equal(t, 3, s.Sessions)
+	assert.Equal(t, 3, s.MaxSessions, "full: what an alert compares Sessions with")
 	assert.Equal(t, uint64(1), s.Forward.Dropped[SessionLimit])
 	// Idle sessions expire, and the refused client gets in.
 	require.Eventually(t, func() bool { return tp.stats().Sessions == 0 }, 5*time.Second, 20*time.Millisecond)

@@ -117,8 +117,8 @@ func (rp *replies) relay(in, buf []udpio.Message, sess Session) error {
 	return err
 }
 
-// send writes a batch and counts each datagram as forwarded or as a send
-// error. A socket-level error is returned; its datagrams are counted as
+// send writes a batch and counts each datagram as forwarded, too big or
+// a send error. A socket-level error is returned; its datagrams are counted as
 // send errors.
 func send(c *udpio.Conn, out []udpio.Message, cnt *Counters) error {
 	if len(out) == 0 {
@@ -127,7 +127,7 @@ func send(c *udpio.Conn, out []udpio.Message, cnt *Counters) error {
 	_, err := c.WriteBatch(out)
 	for i := range out {
 		if out[i].Err != nil {
-			cnt.Dropped[SendError]++
+			cnt.Dropped[sendReason(out[i].Err)]++
 		} else {
 			cnt.Forwarded++
 		}

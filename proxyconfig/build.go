@@ -12,6 +12,7 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/cidkeys"
+	"github.com/cidroute/cidroute/health"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -83,8 +84,9 @@ type service struct {
 	reg     *registry.Registry
 	updater *loggingUpdater // reg, logging changes
 	source  registry.Source
-	file    *registry.File // nil unless backends_file
-	keys    *cidkeys.File  // nil without encrypted CIDs
+	file    *registry.File  // nil unless backends_file
+	keys    *cidkeys.File   // nil without encrypted CIDs
+	checker *health.Checker // nil without health_check
 }
 
 // Build makes a registry for each service, the source that feeds it, and
@@ -147,6 +149,16 @@ func (r *Registries) build(seed uint64, sc Service, o Options, log *slog.Logger)
 	default:
 		return nil, cidroute.Service{}, ErrNoSource
 	}
+	if sc.Health != nil {
+		hc := *sc.Health
+		hc.Logger = o.Logger
+		if hc.Logger == nil {
+			hc.Logger = slog.Default()
+		}
+		if s.checker, err = health.New(reg, hc); err != nil { // the checker names the service
+			return nil, cidroute.Service{}, fmt.Errorf("health_check: %w", err)
+		}
+	}
 	var codec cidroute.CIDCodec
 	if e := sc.CIDEncryption; e != nil {
 		f, err := cidkeys.Open(e.KeysFile, e.NonceLen)
@@ -191,7 +203,18 @@ func (r *Registries) Registry(service string) (reg *registry.Registry, ok bool) 
 	return nil, false
 }
 
-// Run runs every source and key file until ctx is done, then waits for
+// Checker returns the named service's health checker; ok is false for a
+// service without health_check.
+func (r *Registries) Checker(service string) (c *health.Checker, ok bool) {
+	for _, s := range r.services {
+		if s.name == service && s.checker != nil {
+			return s.checker, true
+		}
+	}
+	return nil, false
+}
+
+// Run runs every source, key file and health checker until ctx is done, then waits for
 // them to return, at most StopWait. A source that fails is logged; its
 // registry keeps the last backends. Run runs at most once.
 func (r *Registries) Run(ctx context.Context) {
@@ -203,6 +226,13 @@ func (r *Registries) Run(ctx context.Context) {
 				go func() {
 					defer wg.Done()
 					s.keys.Run(ctx)
+				}()
+			}
+			if s.checker != nil {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s.checker.Run(ctx)
 				}()
 			}
 			wg.Add(1)
@@ -256,22 +286,26 @@ func (r *Registries) Close() {
 // and Reject, which File uses to count undecodable files.
 type loggingUpdater struct {
 	*registry.Registry
-	log  *slog.Logger
-	mu   sync.Mutex
-	last *registry.Snapshot
+	log    *slog.Logger
+	mu     sync.Mutex // one Update at a time, so that prev is the one before
+	logged bool
 }
 
 func (u *loggingUpdater) Update(bs []registry.Backend) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	prev := u.Snapshot()
 	if err := u.Registry.Update(bs); err != nil {
 		return err
 	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
+	// Compared with the snapshot just before, not the last one logged: a
+	// health checker publishes too (a backend marked down is listed as
+	// draining), and its changes are its own to log.
 	s := u.Snapshot()
-	if u.last != nil && slices.Equal(u.last.Backends(), s.Backends()) { // a source repeating itself
+	if u.logged && slices.Equal(prev.Backends(), s.Backends()) { // a source repeating itself
 		return nil
 	}
-	u.last = s
+	u.logged = true
 	u.log.Info("backends changed", "version", s.Version(),
 		"ready", s.Count(registry.Ready), "draining", s.Count(registry.Draining), "gone", s.Count(registry.Gone),
 		"backends", backendList(s.Backends()))

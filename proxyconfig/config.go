@@ -18,6 +18,7 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/health"
 	"github.com/cidroute/cidroute/internal/boundedread"
 	"github.com/cidroute/cidroute/quic"
 	"github.com/cidroute/cidroute/registry"
@@ -35,23 +36,24 @@ type fileConfig struct {
 }
 
 type fileService struct {
-	Name           string          `json:"name"`
-	Protocol       string          `json:"protocol"`
-	Listen         string          `json:"listen"`
-	CIDLength      int             `json:"cid_length"`
-	CIDCodec       string          `json:"cid_codec"`        // cidkeys.go
-	CIDNonceLength int             `json:"cid_nonce_length"` // cidkeys.go
-	CIDKeysFile    string          `json:"cid_keys_file"`    // cidkeys.go
-	ProxyProtocol  *bool           `json:"proxy_protocol"`
-	MaxSessions    int             `json:"max_sessions"` // transparent mode only
-	SessionIdle    string          `json:"session_idle"` // transparent mode only
-	Workers        int             `json:"workers"`
-	MaxRegistryAge string          `json:"max_registry_age"`
-	Backends       json.RawMessage `json:"backends"` // registry.DecodeBackends format
-	BackendsFile   string          `json:"backends_file"`
-	Kubernetes     *Kubernetes     `json:"kubernetes"`
-	Limits         fileLimits      `json:"limits"`
-	Unroutable     string          `json:"unroutable"` // QUIC only: "drop" (default) or "hash"
+	Name           string           `json:"name"`
+	Protocol       string           `json:"protocol"`
+	Listen         string           `json:"listen"`
+	CIDLength      int              `json:"cid_length"`
+	CIDCodec       string           `json:"cid_codec"`        // cidkeys.go
+	CIDNonceLength int              `json:"cid_nonce_length"` // cidkeys.go
+	CIDKeysFile    string           `json:"cid_keys_file"`    // cidkeys.go
+	ProxyProtocol  *bool            `json:"proxy_protocol"`
+	MaxSessions    int              `json:"max_sessions"` // transparent mode only
+	SessionIdle    string           `json:"session_idle"` // transparent mode only
+	Workers        int              `json:"workers"`
+	MaxRegistryAge string           `json:"max_registry_age"`
+	Backends       json.RawMessage  `json:"backends"` // registry.DecodeBackends format
+	BackendsFile   string           `json:"backends_file"`
+	Kubernetes     *Kubernetes      `json:"kubernetes"`
+	Limits         fileLimits       `json:"limits"`
+	Unroutable     string           `json:"unroutable"`   // QUIC only: "drop" (default) or "hash"
+	HealthCheck    *fileHealthCheck `json:"health_check"` // health.go
 }
 
 type fileLimits struct {
@@ -106,6 +108,9 @@ type Service struct {
 	// Unroutable ("unroutable", QUIC only): what becomes of short-header
 	// and Handshake packets whose CID names no server.
 	Unroutable cidroute.UnroutablePolicy
+	// Health ("health_check"), when set, is the configuration of the
+	// service's health checker, defaults applied (health.go).
+	Health *health.Config
 }
 
 const maxWorkers = 256 // cidroute.Pipeline's limit
@@ -300,6 +305,9 @@ func parseService(raw json.RawMessage) (Service, error) {
 	if fs.Unroutable != "" && s.Protocol != cidroute.QUIC {
 		return fail("unroutable applies to quic services only (a DTLS CID has no unroutable marker)")
 	}
+	if err := parseHealthCheck(fs.HealthCheck, &s); err != nil {
+		return s, err
+	}
 	l := fs.Limits
 	for _, v := range []struct {
 		key string
@@ -418,6 +426,7 @@ func (c *Config) Summary() string {
 		if s.Unroutable == cidroute.UnroutableHash {
 			b.WriteString(", unroutable CIDs hashed")
 		}
+		b.WriteString(healthSummary(s.Health))
 		b.WriteByte(')')
 	}
 	if c.MetricsListen != "" {

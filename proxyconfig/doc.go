@@ -32,7 +32,8 @@
 //	    "workers": 2, "max_registry_age": "30s",
 //	    "backends": [{"ordinal": 0, "address": "10.0.0.10:5684"}],
 //	    "unroutable": "drop",             // QUIC only: drop or hash
-//	    "limits": {"global_pps": 0, "per_source_pps": 200, "handshake_pps": 2000, "zero_rtt_pps": 0}
+//	    "limits": {"global_pps": 0, "per_source_pps": 200, "handshake_pps": 2000, "zero_rtt_pps": 0},
+//	    "health_check": {"interval": "2s", "timeout": "1s", "fall": 3, "rise": 2} // absent = no probes
 //	  }]
 //	}
 //
@@ -40,6 +41,9 @@
 // "backends" (the list format of registry.DecodeBackends), "backends_file"
 // (the same list in a file, polled: registry.File) and "kubernetes" (the
 // EndpointSlices of a Service, through Options.Kubernetes), or, with none
-// of them, from the program (Options.Source). The meaning and bounds of
+// of them, from the program (Options.Source). With "health_check",
+// Registries.Run also runs a health.Checker per service, which marks
+// backends down in the service's registry (Registries.Checker gives its
+// Stats). The meaning and bounds of
 // every key are in examples/cidproxy/README.md; Parse enforces them.
 package proxyconfig

@@ -25,6 +25,19 @@
 // terminating") or [Gone] (serves nothing; datagrams for its CIDs are
 // dropped, never re-hashed onto another backend).
 //
+// # Health
+//
+// A health checker (package health probes backends through their DTLS or
+// QUIC stack) marks a backend down with [Registry.SetDown]. The registry
+// keeps the source's list and the marks apart and publishes their
+// combination: a backend its source calls ready and that is marked down is
+// routed as draining (no new sessions, CID sessions kept), and
+// [Snapshot.Down] tells it apart from one its source drains. Every reader
+// of the snapshot (the pipeline's workers, the XDP fast path) routes by it.
+// The marks are per registry, so per proxy replica: replicas that disagree
+// differ only in the placement of new sessions on the disputed backend,
+// never in the route of a CID.
+//
 // # Freshness
 //
 // With [Config.MaxAge] set, a registry whose source has not called Update or

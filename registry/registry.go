@@ -3,6 +3,8 @@ package registry
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,8 +44,10 @@ type Registry struct {
 	rejections    atomic.Uint64
 	confirmations atomic.Uint64
 
-	mu        sync.Mutex // serializes publishing and the freshness state below
-	confirmed time.Time  // last Update or Confirm
+	mu        sync.Mutex               // serializes publishing and the state below
+	src       []Backend                // the source's last accepted list, normalized
+	down      map[uint8]netip.AddrPort // ordinal → address marked down (SetDown)
+	confirmed time.Time                // last Update or Confirm
 	timer     *time.Timer
 	closed    bool
 }
@@ -70,7 +74,7 @@ func New(cfg Config) (*Registry, error) {
 	if r.now == nil {
 		r.now = time.Now
 	}
-	empty, err := newSnapshot(0, cfg.Seed, nil, nil)
+	empty, err := newSnapshot(0, cfg.Seed, nil, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -112,16 +116,85 @@ func (r *Registry) Update(bs []Backend) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	prev := r.cur.Load()
-	s, err := newSnapshot(prev.version+1, r.cfg.Seed, norm, prev)
-	if err != nil {
+	// A down mark outlives an update only while its backend keeps its
+	// address: a new address is a new backend, which starts up.
+	var down map[uint8]netip.AddrPort
+	for o, a := range r.down {
+		if slices.ContainsFunc(norm, func(b Backend) bool { return b.Ordinal == o && b.Addr == a }) {
+			if down == nil {
+				down = map[uint8]netip.AddrPort{}
+			}
+			down[o] = a
+		}
+	}
+	if err := r.publishLocked(norm, down); err != nil {
 		r.rejections.Add(1)
 		return fmt.Errorf("registry %q: %w", r.cfg.Service, err)
 	}
-	r.cur.Store(s)
 	r.updates.Add(1)
 	r.confirmLocked()
 	return nil
+}
+
+// publishLocked builds the snapshot of the source list src with the down
+// marks applied and publishes it. The caller holds mu.
+func (r *Registry) publishLocked(src []Backend, down map[uint8]netip.AddrPort) error {
+	prev := r.cur.Load()
+	s, err := newSnapshot(prev.version+1, r.cfg.Seed, slices.Clone(src), down, prev)
+	if err != nil {
+		return err
+	}
+	r.src, r.down = src, down
+	r.cur.Store(s)
+	return nil
+}
+
+// SetDown marks the backend with the given ordinal and address down (down
+// true) or up again, as a health checker decides. A backend its source
+// calls ready and that is marked down is published as draining: it takes
+// no new sessions and keeps serving its CID sessions, whose routes never
+// depend on health. The mark applies to that address only and goes away
+// when the source drops the backend or moves it to another address. The
+// marks are this registry's own: each proxy replica probes on its own, so
+// replicas may disagree for a while about which backends are down, and
+// then differ only in where they place new sessions (HRW moves only the
+// down backend's keys), never in where a CID's datagrams go.
+//
+// SetDown publishes a new snapshot when the routing changes, and reports
+// whether it did. A backend the current list does not have (the source
+// changed it meanwhile) is left alone.
+func (r *Registry) SetDown(ordinal uint8, addr netip.AddrPort, down bool) bool {
+	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := slices.IndexFunc(r.src, func(b Backend) bool { return b.Ordinal == ordinal && b.Addr == addr })
+	if i < 0 {
+		return false
+	}
+	a, marked := r.down[ordinal]
+	if marked == down && (!down || a == addr) {
+		return false
+	}
+	next := make(map[uint8]netip.AddrPort, len(r.down)+1)
+	for o, a := range r.down {
+		next[o] = a
+	}
+	if down {
+		next[ordinal] = addr
+	} else {
+		delete(next, ordinal)
+	}
+	if r.src[i].State != Ready { // no routing change: keep the mark quietly
+		r.down = next
+		return false
+	}
+	// newSnapshot fails only on a new set of ready backends, whose HRW
+	// table it builds; that cannot fail for a subset of a valid list.
+	if err := r.publishLocked(r.src, next); err != nil {
+		r.log.Error("publishing a health change", "ordinal", ordinal, "addr", addr, "down", down, "err", err)
+		return false
+	}
+	return true
 }
 
 // Reject counts an update that its source could not even turn into a
@@ -196,8 +269,10 @@ type Stats struct {
 	LastConfirmed time.Time
 	Age           time.Duration
 	Stale         bool
-	// Backends of the current snapshot by state.
-	Ready, Draining, Gone int
+	// Backends of the current snapshot by state: Ready by the source and
+	// up; Draining by the source; Down: ready by the source, marked down by
+	// a health checker (routed as draining); Gone.
+	Ready, Draining, Down, Gone int
 }
 
 // Stats returns the registry's counters and the current snapshot's shape.
@@ -216,7 +291,8 @@ func (r *Registry) Stats() Stats {
 		Age:           r.now().Sub(confirmed),
 		Stale:         r.stale.Load(),
 		Ready:         s.counts[Ready],
-		Draining:      s.counts[Draining],
+		Draining:      s.counts[Draining] - s.ndown,
+		Down:          s.ndown,
 		Gone:          s.counts[Gone],
 	}
 }

@@ -22,15 +22,18 @@ type Snapshot struct {
 	pick    *hrw.Table      // over the ready backends; nil when there are none
 	ready   []hrw.Candidate // what pick was built from, sorted by ordinal
 	addrs   addrTable       // serving backends by address
-	counts  [Gone + 1]int   // backends by state
+	counts  [Gone + 1]int   // backends by state, as routed (a down backend counts as draining)
+	down    [4]uint64       // ordinals marked down by a health checker (Registry.SetDown)
+	ndown   int
 }
 
 // newSnapshot builds a snapshot from a validated, normalized list; it takes
-// ownership of bs. The HRW table dominates the cost (milliseconds for
+// ownership of bs. A ready backend whose ordinal is in down is published as
+// draining: it takes no new sessions and keeps its CID routes. The HRW table dominates the cost (milliseconds for
 // hundreds of backends), so it is taken over from prev when the ready
 // backends and their weights are the same, as they are when only draining
 // or gone backends, addresses, or nothing at all changed.
-func newSnapshot(version, seed uint64, bs []Backend, prev *Snapshot) (*Snapshot, error) {
+func newSnapshot(version, seed uint64, bs []Backend, down map[uint8]netip.AddrPort, prev *Snapshot) (*Snapshot, error) {
 	slices.SortFunc(bs, func(a, b Backend) int { return int(a.Ordinal) - int(b.Ordinal) })
 	s := &Snapshot{version: version, list: bs}
 	for i := range s.byOrd {
@@ -38,7 +41,13 @@ func newSnapshot(version, seed uint64, bs []Backend, prev *Snapshot) (*Snapshot,
 	}
 	var cands []hrw.Candidate
 	serving := 0
-	for i, b := range bs {
+	for i := range bs {
+		b := &bs[i]
+		if a, ok := down[b.Ordinal]; ok && a == b.Addr && b.State == Ready {
+			b.State = Draining
+			s.down[b.Ordinal/64] |= 1 << (b.Ordinal % 64)
+			s.ndown++
+		}
 		s.byOrd[b.Ordinal] = uint8(i)
 		s.counts[b.State]++
 		if b.State.Serving() {
@@ -65,18 +74,30 @@ func newSnapshot(version, seed uint64, bs []Backend, prev *Snapshot) (*Snapshot,
 }
 
 // Version counts the snapshots the registry has published: 0 is the empty
-// snapshot a new registry starts with, and every accepted Update adds one.
+// snapshot a new registry starts with, and every accepted Update and every
+// health change (Registry.SetDown) adds one.
 func (s *Snapshot) Version() uint64 { return s.version }
 
 // Backends returns all backends of the snapshot, gone ones included, sorted
-// by ordinal. The slice is the snapshot's own: read it, never modify it
+// by ordinal, in their routing state: a backend its source calls ready but
+// a health checker marked down is listed as draining (see Down). The slice is the snapshot's own: read it, never modify it
 // (slices.Clone it to get a copy).
 func (s *Snapshot) Backends() []Backend { return s.list[:len(s.list):len(s.list)] }
 
 // Len returns the number of backends in the snapshot, in any state.
 func (s *Snapshot) Len() int { return len(s.list) }
 
-// Count returns the number of backends in state st.
+// Down reports whether the backend with the given ordinal is ready by its
+// source but marked down by a health checker (Registry.SetDown), so that
+// it is routed as draining.
+func (s *Snapshot) Down(ordinal uint8) bool { return s.down[ordinal/64]&(1<<(ordinal%64)) != 0 }
+
+// CountDown returns the number of backends marked down (see Down); Count
+// counts them as draining.
+func (s *Snapshot) CountDown() int { return s.ndown }
+
+// Count returns the number of backends in state st as routed: a backend
+// marked down counts as draining.
 func (s *Snapshot) Count(st State) int {
 	if st > Gone {
 		return 0

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -18,9 +19,12 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
@@ -133,7 +137,8 @@ func TestManifests(t *testing.T) {
 	for _, o := range objs {
 		switch o.(type) {
 		case *corev1.Namespace, *corev1.Service, *appsv1.StatefulSet, *appsv1.Deployment,
-			*corev1.ConfigMap, *corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding, *corev1.Secret:
+			*corev1.ConfigMap, *corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding, *corev1.Secret,
+			*networkingv1.NetworkPolicy:
 		default:
 			t.Fatalf("unexpected kind %T (no cluster-wide RBAC or anything else)", o)
 		}
@@ -255,6 +260,124 @@ func TestManifests(t *testing.T) {
 	}), "the load balancer targets the port cidproxy listens on")
 
 	checkCIDKeys(t, objs, svc.CIDCodec, svc.CIDKeysFile, dep, sts)
+
+	// Health: ready and live on the metrics port, where /readyz and /livez
+	// are served.
+	metricsPort := proxy.Ports[slices.IndexFunc(proxy.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" })]
+	require.Equal(t, cfg.MetricsListen, fmt.Sprintf(":%d", metricsPort.ContainerPort), "the metrics port is metrics_listen's")
+	for _, pr := range []struct {
+		probe *corev1.Probe
+		path  string
+	}{{proxy.ReadinessProbe, "/readyz"}, {proxy.LivenessProbe, "/livez"}} {
+		require.NotNil(t, pr.probe, pr.path)
+		require.NotNil(t, pr.probe.HTTPGet, pr.path)
+		require.Equal(t, pr.path, pr.probe.HTTPGet.Path)
+		require.Equal(t, intstr.FromString("metrics"), pr.probe.HTTPGet.Port)
+	}
+
+	checkNetworkPolicies(t, ofType[*networkingv1.NetworkPolicy](objs), dep, sts, backend, proxy, lbPort.TargetPort.StrVal)
+}
+
+// checkNetworkPolicies: the backends take datagrams on their port from the
+// cidproxy pods only; the proxies take the service port from anyone, UDP
+// from the backends, and the metrics port from the monitoring namespace
+// only. Every rule is checked for what it admits, not only for being there.
+func checkNetworkPolicies(t *testing.T, pols []*networkingv1.NetworkPolicy, dep *appsv1.Deployment, sts *appsv1.StatefulSet,
+	backend, proxy corev1.Container, servicePort string) {
+	t.Helper()
+	proxyPods, backendPods := labels.Set(dep.Spec.Template.Labels), labels.Set(sts.Spec.Template.Labels)
+	selects := func(sel *metav1.LabelSelector, pod labels.Set) bool {
+		s, err := metav1.LabelSelectorAsSelector(sel)
+		require.NoError(t, err)
+		return s.Matches(pod)
+	}
+	var forBackends, forProxies *networkingv1.NetworkPolicy
+	for _, p := range pols {
+		b, pr := selects(&p.Spec.PodSelector, backendPods), selects(&p.Spec.PodSelector, proxyPods)
+		require.False(t, b && pr, "%s selects both tiers", p.Name)
+		require.Equal(t, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}, p.Spec.PolicyTypes,
+			"%s: ingress only (an egress rule would have to let the proxies' probes and API watch out)", p.Name)
+		switch {
+		case b:
+			require.Nil(t, forBackends, "one policy for the backends")
+			forBackends = p
+		case pr:
+			require.Nil(t, forProxies, "one policy for the proxies")
+			forProxies = p
+		}
+	}
+	require.NotNil(t, forBackends, "a NetworkPolicy selects the backend pods")
+	require.NotNil(t, forProxies, "a NetworkPolicy selects the cidproxy pods")
+
+	// Backends: one rule, from the proxy pods (in this namespace: a peer
+	// without namespaceSelector), to the backend's UDP port.
+	require.Len(t, forBackends.Spec.Ingress, 1)
+	rule := forBackends.Spec.Ingress[0]
+	require.Len(t, rule.From, 1)
+	peer := rule.From[0]
+	require.Nil(t, peer.NamespaceSelector, "same namespace only")
+	require.Nil(t, peer.IPBlock)
+	require.NotNil(t, peer.PodSelector)
+	require.True(t, selects(peer.PodSelector, proxyPods), "the backends admit the cidproxy pods")
+	require.False(t, selects(peer.PodSelector, backendPods), "and not each other")
+	require.False(t, selects(peer.PodSelector, labels.Set{}), "and not any pod")
+	require.Len(t, rule.Ports, 1)
+	require.NotNil(t, rule.Ports[0].Protocol)
+	require.Equal(t, corev1.ProtocolUDP, *rule.Ports[0].Protocol)
+	require.Equal(t, backend.Ports[0].Name, rule.Ports[0].Port.StrVal, "the backend's PPv2 port")
+
+	// Proxies: whatever admits the metrics port admits the monitoring
+	// namespace only; the service port is open; the backends reach UDP.
+	var metricsPort, udpPort int32
+	for _, p := range proxy.Ports {
+		switch {
+		case p.Name == "metrics":
+			metricsPort = p.ContainerPort
+		case p.Name == servicePort:
+			udpPort = p.ContainerPort
+		}
+	}
+	covers := func(ports []networkingv1.NetworkPolicyPort, proto corev1.Protocol, name string, num int32) bool {
+		if len(ports) == 0 {
+			return true // all ports
+		}
+		for _, p := range ports {
+			pp := corev1.ProtocolTCP
+			if p.Protocol != nil {
+				pp = *p.Protocol
+			}
+			if pp == proto && (p.Port == nil || p.Port.StrVal == name || (p.Port.Type == intstr.Int && p.Port.IntVal == num)) {
+				return true
+			}
+		}
+		return false
+	}
+	monitoring := labels.Set{"kubernetes.io/metadata.name": "monitoring"}
+	var metricsRules, serviceOpen, backendsIn int
+	for _, r := range forProxies.Spec.Ingress {
+		if covers(r.Ports, corev1.ProtocolTCP, "metrics", metricsPort) {
+			metricsRules++
+			require.NotEmpty(t, r.From, "the metrics port is not open to all")
+			for _, p := range r.From {
+				require.Nil(t, p.IPBlock, "no address block reaches the metrics port")
+				require.Nil(t, p.PodSelector, "no pod selector (this namespace's pods) reaches the metrics port")
+				require.NotNil(t, p.NamespaceSelector)
+				require.True(t, selects(p.NamespaceSelector, monitoring), "the monitoring namespace")
+				require.False(t, selects(p.NamespaceSelector, labels.Set{"kubernetes.io/metadata.name": "cidroute"}), "not the tier's own")
+				require.False(t, selects(p.NamespaceSelector, labels.Set{}), "not every namespace")
+			}
+		}
+		if covers(r.Ports, corev1.ProtocolUDP, servicePort, udpPort) && len(r.From) == 0 {
+			serviceOpen++
+		}
+		if len(r.From) > 0 && r.From[0].PodSelector != nil && selects(r.From[0].PodSelector, backendPods) {
+			require.True(t, covers(r.Ports, corev1.ProtocolUDP, "", 40000), "backends reach the proxies' ephemeral upstream ports")
+			backendsIn++
+		}
+	}
+	require.Equal(t, 1, metricsRules, "one rule admits the metrics port")
+	require.Equal(t, 1, serviceOpen, "clients from anywhere reach the service port")
+	require.Equal(t, 1, backendsIn, "the backends' replies reach the proxies")
 }
 
 // checkCIDKeys: with encrypted CIDs, the one Secret holds a valid key file

@@ -60,8 +60,13 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 	demo := fs.Bool("demo", false, "run a self-contained demo on loopback and exit")
 	demoFor := fs.Duration("demo-duration", 10*time.Second, "how long the demo sends traffic")
 	join := fs.Bool("join", false, "join the SO_REUSEPORT groups a running cidproxy holds on the listen addresses\n(the new process of a restart handover) instead of refusing to start")
+	var probe probeFlags // health.go
+	probe.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if probe.set() {
+		return probe.run(ctx, fs, stdout, stderr)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "cidproxy: unexpected arguments %q\n", fs.Args())

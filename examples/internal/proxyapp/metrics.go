@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/registry"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -30,7 +29,7 @@ var (
 		"Datagrams received, by service, direction and path; equals the sum of cidroute_datagrams_total over outcome and reason.",
 		[]string{"service", "direction", "path"}, nil)
 	descBackends = prometheus.NewDesc("cidroute_registry_backends",
-		"Backends in the service's current registry snapshot, by state.",
+		"Backends in the service's current registry snapshot, by state: ready, draining, down (ready by the source, marked down by health probes) and gone.",
 		[]string{"service", "state"}, nil)
 	descAge = prometheus.NewDesc("cidroute_registry_snapshot_age_seconds",
 		"Seconds since the backend source last published or confirmed the snapshot.",
@@ -82,11 +81,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, name := range c.p.names {
 		reg, _ := c.p.regs.Registry(name)
 		st := reg.Stats()
-		for _, b := range []struct {
-			state registry.State
-			n     int
-		}{{registry.Ready, st.Ready}, {registry.Draining, st.Draining}, {registry.Gone, st.Gone}} {
-			ch <- prometheus.MustNewConstMetric(descBackends, prometheus.GaugeValue, float64(b.n), name, b.state.String())
+		for _, b := range backendStates(st) {
+			ch <- prometheus.MustNewConstMetric(descBackends, prometheus.GaugeValue, float64(b.n), name, b.state)
 		}
 		ch <- prometheus.MustNewConstMetric(descAge, prometheus.GaugeValue, st.Age.Seconds(), name)
 		stale := 0.0
@@ -99,15 +95,17 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// metricsHandler serves /metrics from its own registry (not the global one)
-// and Go's profiler under /debug/pprof/.
+// metricsHandler serves /metrics from its own registry (not the global one),
+// /readyz and /livez, and Go's profiler under /debug/pprof/.
 func metricsHandler(p *proxy) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collector{p},
+	reg.MustRegister(collector{p}, healthCollector{p},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /readyz", p.readyz) // health.go
+	mux.HandleFunc("GET /livez", p.livez)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -132,7 +130,7 @@ func startMetrics(addr string, h http.Handler, log *slog.Logger) (*metricsServer
 		srv:  &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)},
 		done: make(chan struct{}),
 	}
-	log.Info("metrics listening", "addr", ln.Addr().String(), "paths", "/metrics /debug/pprof/")
+	log.Info("metrics listening", "addr", ln.Addr().String(), "paths", "/metrics /readyz /livez /debug/pprof/")
 	go func() {
 		defer close(m.done)
 		if err := m.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cidroute/cidroute"
@@ -23,6 +24,7 @@ type proxy struct {
 
 	stopSources context.CancelFunc
 	sources     sync.WaitGroup
+	stopping    atomic.Bool // set by close: /readyz and /livez fail (health.go)
 }
 
 // cidKeysPoll is how often a key file is checked for changes (tests
@@ -81,6 +83,7 @@ const sourceStopWait = proxyconfig.StopWait + 250*time.Millisecond
 // close stops the sources (and the fast path) and the registries' timers, and the pipeline if
 // it never ran. It is idempotent.
 func (p *proxy) close() {
+	p.stopping.Store(true)
 	p.closeXDP()
 	if p.pipe != nil {
 		p.pipe.Close()

@@ -1,0 +1,183 @@
+package proxyapp
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cidroute/cidroute/health"
+	"github.com/cidroute/cidroute/registry"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// probeFlags are -probe-dtls and -probe-quic: one health probe, as the
+// checker sends it, for an operator's shell (docs/runbooks.md).
+type probeFlags struct {
+	dtls, quic *string
+	timeout    *time.Duration
+	direct     *bool
+}
+
+func (f *probeFlags) register(fs *flag.FlagSet) {
+	f.dtls = fs.String("probe-dtls", "", "send one DTLS health probe (a ClientHello under a PROXY v2 LOCAL header) to the backend at `ip:port`, print the result and exit (0: answered)")
+	f.quic = fs.String("probe-quic", "", "send one QUIC health probe (a reserved-version packet under a PROXY v2 LOCAL header) to the backend at `ip:port`, print the result and exit")
+	f.timeout = fs.Duration("probe-timeout", time.Second, "how long -probe-dtls and -probe-quic wait for the answer")
+	f.direct = fs.Bool("probe-direct", false, "send -probe-dtls or -probe-quic without the PROXY v2 header (backends of a transparent service)")
+}
+
+func (f *probeFlags) set() bool { return *f.dtls != "" || *f.quic != "" }
+
+// run sends the probe; the exit code is 0 when a healthy stack answered,
+// 1 when not, 2 on bad arguments.
+func (f *probeFlags) run(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) int {
+	cfg := health.ProbeConfig{Protocol: health.DTLS, Direct: *f.direct}
+	target := *f.dtls
+	if *f.quic != "" {
+		cfg.Protocol, target = health.QUIC, *f.quic
+	}
+	addr, err := netip.ParseAddrPort(target)
+	switch {
+	case *f.dtls != "" && *f.quic != "":
+		err = fmt.Errorf("give one of -probe-dtls and -probe-quic")
+	case err != nil:
+		err = fmt.Errorf("-probe-%v %q: want ip:port", cfg.Protocol, target)
+	case fs.NArg() > 0:
+		err = fmt.Errorf("unexpected arguments %q", fs.Args())
+	case *f.timeout <= 0:
+		err = fmt.Errorf("-probe-timeout %v: must be positive", *f.timeout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "cidproxy: %v\n", err)
+		return 2
+	}
+	pctx, cancel := context.WithTimeout(ctx, *f.timeout)
+	defer cancel()
+	rtt, err := health.Probe(pctx, addr, cfg)
+	if err != nil {
+		fmt.Fprintf(stdout, "%v %v: %v (%v)\n", cfg.Protocol, addr, health.ResultOf(err), err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%v %v: ok in %v\n", cfg.Protocol, addr, rtt.Round(time.Microsecond))
+	return 0
+}
+
+// readiness reports why the proxy cannot route new sessions: for every
+// service, a stale registry or no ready backend; nil when it can. A
+// stopping proxy is not ready.
+func (p *proxy) readiness() []string {
+	var why []string
+	if p.stopping.Load() {
+		why = append(why, "stopping")
+	}
+	for _, name := range p.names {
+		reg, _ := p.regs.Registry(name)
+		st := reg.Stats()
+		switch {
+		case st.Stale:
+			why = append(why, fmt.Sprintf("service %s: registry stale (last confirmed %v ago, max_registry_age %v)",
+				name, st.Age.Round(time.Millisecond), reg.MaxAge()))
+		case st.Ready == 0:
+			why = append(why, fmt.Sprintf("service %s: no ready backend (draining %d, down by probes %d, gone %d, snapshot version %d)",
+				name, st.Draining, st.Down, st.Gone, st.Version))
+		}
+	}
+	return why
+}
+
+// readyz answers 200 "ok" when every service can take new sessions, else
+// 503 with one line per failing service. It writes no log line.
+func (p *proxy) readyz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if why := p.readiness(); len(why) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, strings.Join(why, "\n"))
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// livez answers 200 "ok" while the proxy serves: its sockets are open and
+// its workers run, whatever its backends do (a proxy without backends is
+// not ready, but restarting it would not help).
+func (p *proxy) livez(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if p.stopping.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, "stopping")
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// healthCollector exports the health checkers' probes and verdicts.
+type healthCollector struct{ p *proxy }
+
+var (
+	descProbes = prometheus.NewDesc("cidroute_probes_total",
+		"Health probes sent to a backend (a DTLS ClientHello or a QUIC reserved-version packet under a PPv2 LOCAL header), by result: ok, timeout, refused (ICMP port unreachable), bad_answer (not the protocol's answer), error (not sent).",
+		[]string{"service", "ordinal", "result"}, nil)
+	descProbeUp = prometheus.NewDesc("cidroute_backend_probe_up",
+		"1 while the health checker considers the backend up, 0 while it is marked down (no new sessions; its CID sessions keep their route). Only for backends of services with health_check that the checker probes.",
+		[]string{"service", "ordinal"}, nil)
+	descProbeRTT = prometheus.NewDesc("cidroute_probe_duration_seconds",
+		"Round-trip time of answered health probes: from the probe's send to the backend stack's answer.",
+		[]string{"service"}, nil)
+	descSessionsMax = prometheus.NewDesc("cidroute_sessions_max",
+		"Transparent-mode session tables' capacity, summed over the service's workers; 0 with PROXY protocol.",
+		[]string{"service"}, nil)
+)
+
+func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descProbes, descProbeUp, descProbeRTT, descSessionsMax} {
+		ch <- d
+	}
+}
+
+func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.p.pipe.Stats() {
+		ch <- prometheus.MustNewConstMetric(descSessionsMax, prometheus.GaugeValue, float64(s.MaxSessions), s.Name)
+	}
+	for _, name := range c.p.names {
+		checker, ok := c.p.regs.Checker(name)
+		if !ok {
+			continue
+		}
+		st := checker.Stats()
+		for _, b := range st.Backends {
+			ord := strconv.Itoa(int(b.Ordinal))
+			up := 0.0
+			if b.Up {
+				up = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descProbeUp, prometheus.GaugeValue, up, name, ord)
+			for r := range health.NumResults {
+				ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(b.Results[r]), name, ord, health.Result(r).String())
+			}
+		}
+		buckets := make(map[float64]uint64, len(health.RTTBuckets))
+		for i, ub := range health.RTTBuckets {
+			buckets[ub] = st.RTT.Buckets[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(descProbeRTT, st.RTT.Count, st.RTT.Sum, buckets, name)
+	}
+}
+
+// backendStates are the cidroute_registry_backends states: the registry's
+// three, and "down" (ready by the source, down by the probes).
+func backendStates(st registry.Stats) [4]struct {
+	state string
+	n     int
+} {
+	return [4]struct {
+		state string
+		n     int
+	}{{"ready", st.Ready}, {"draining", st.Draining}, {"down", st.Down}, {"gone", st.Gone}}
+}
