@@ -52,7 +52,7 @@ type cidrouteSvcCfg struct {
 	LbSelf   uint8
 	Measured uint8
 	Pass     uint8
-	Pad      uint8
+	LbHash   uint8
 	MaxDgram uint16
 	UpPort   uint16
 	Pub      struct {

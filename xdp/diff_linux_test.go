@@ -129,19 +129,23 @@ func newDiffEnv(t testing.TB) *diffEnv {
 	stale.stale.Store(true)
 
 	up := uint16(40000)
-	svc := func(name string, proto cidroute.Protocol, codec cidroute.CIDCodec, listen, public string, b cidroute.Backends) *diffService {
+	svc := func(name string, proto cidroute.Protocol, codec cidroute.CIDCodec, listen, public string, b cidroute.Backends, unroutable ...cidroute.UnroutablePolicy) *diffService {
 		up++
+		var u cidroute.UnroutablePolicy
+		if len(unroutable) > 0 {
+			u = unroutable[0]
+		}
 		l := ap(listen)
 		pub := l
 		if public != "" {
 			pub = ap(public)
 		}
-		r, err := cidroute.NewRouter(cidroute.RouterConfig{Protocol: proto, PublicAddr: pub, Codec: codec, Backends: b})
+		r, err := cidroute.NewRouter(cidroute.RouterConfig{Protocol: proto, PublicAddr: pub, Codec: codec, Backends: b, Unroutable: u})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return &diffService{
-			Service: Service{Name: name, Protocol: proto, Codec: codec, Public: pub, Listen: l,
+			Service: Service{Name: name, Protocol: proto, Codec: codec, Public: pub, Listen: l, Unroutable: u,
 				Upstreams: []netip.AddrPort{netip.AddrPortFrom(netip.IPv6Unspecified(), up), netip.AddrPortFrom(netip.IPv6Unspecified(), up+100)},
 				Backends:  b},
 			router:   r,
@@ -155,6 +159,8 @@ func newDiffEnv(t testing.TB) *diffEnv {
 		svc("dtls6", cidroute.DTLS, dtls.OrdinalFirst{Length: 5}, "[2001:db8::1]:5684", "", reg2),
 		svc("stale", cidroute.DTLS, dtls.OrdinalFirst{}, "192.0.2.1:6000", "", stale),
 		svc("noready", cidroute.QUIC, quic.LB{}, "192.0.2.1:6001", "", reg3),
+		svc("hash4", cidroute.QUIC, quic.LB{}, "192.0.2.1:6002", "", reg1, cidroute.UnroutableHash),
+		svc("hashnoready", cidroute.QUIC, quic.LB{}, "192.0.2.1:6003", "", reg3, cidroute.UnroutableHash),
 		svc("wild4", cidroute.QUIC, quic.LB{}, "0.0.0.0:7000", "", reg1),
 		svc("wild6", cidroute.DTLS, dtls.OrdinalFirst{}, "[::]:7001", "", reg2),
 		svc("vip", cidroute.DTLS, dtls.OrdinalFirst{}, "192.0.2.1:7002", "198.51.100.80:5684", reg1),

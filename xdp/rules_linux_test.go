@@ -155,11 +155,13 @@ func TestForwardAgreesWithRouter(t *testing.T) {
 		{name: "quic short v6 backend", svc: "quic4", payload: quicShort(lbCID(12, 0, 7, false), 30)},
 		{name: "quic short gone", svc: "quic4", payload: quicShort(lbCID(12, 0, 3, false), 30), reason: cidroute.NotServing},
 		{name: "quic short unknown", svc: "quic4", payload: quicShort(lbCID(12, 0, 9, false), 30), reason: cidroute.UnknownOrdinal},
-		{name: "quic short unroutable", svc: "quic4", payload: quicShort(lbCID(12, 7, 1, false), 30)},
-		{name: "quic short other config", svc: "quic4", payload: quicShort(lbCID(12, 3, 1, false), 30)},
+		{name: "quic short unroutable", svc: "quic4", payload: quicShort(lbCID(12, 7, 1, false), 30), reason: cidroute.Unroutable},
+		{name: "quic short other config", svc: "quic4", payload: quicShort(lbCID(12, 3, 1, false), 30), reason: cidroute.Unroutable},
+		{name: "quic short unroutable hashed", svc: "hash4", payload: quicShort(lbCID(12, 7, 1, false), 30)},
+		{name: "quic short other config hashed", svc: "hash4", payload: quicShort(lbCID(12, 3, 1, false), 30)},
 		{name: "quic short too short", svc: "quic4", payload: quicShort(lbCID(12, 0, 1, false), 19), reason: cidroute.Malformed},
 		{name: "quic short self-encoded", svc: "quic6", client: c6, payload: quicShort(lbCID(9, 2, 1, true), 25)},
-		{name: "quic short self-encoding wrong", svc: "quic6", client: c6, payload: quicShort(lbCID(9, 2, 1, false), 25)},
+		{name: "quic short self-encoding wrong", svc: "quic6", client: c6, payload: quicShort(lbCID(9, 2, 1, false), 25), reason: cidroute.Unroutable},
 		{name: "quic short v4 client to v6 service", svc: "quic6", client: c4, dst: proxy6, payload: quicShort(lbCID(9, 2, 0, true), 25), pass: true},
 		{name: "quic initial hashed", svc: "quic4", payload: padTo(quicLong(1, 0, initialDCID, []byte{9, 9}, 1100), 1200)},
 		{name: "quic initial small", svc: "quic4", payload: quicLong(1, 0, initialDCID, nil, 100), reason: cidroute.Malformed},
@@ -181,7 +183,8 @@ func TestForwardAgreesWithRouter(t *testing.T) {
 		{name: "quic truncated", svc: "quic4", payload: quicLong(1, 2, lbCID(12, 0, 0, false), nil, 50)[:40], reason: cidroute.Malformed},
 		{name: "quic no ready", svc: "noready", payload: padTo(quicLong(1, 0, initialDCID, nil, 1100), 1200), reason: cidroute.NoReadyBackend},
 		{name: "quic no ready cid draining", svc: "noready", payload: quicShort(lbCID(12, 0, 1, false), 30)},
-		{name: "quic no ready unroutable", svc: "noready", payload: quicShort(lbCID(12, 7, 1, false), 30), reason: cidroute.NoReadyBackend},
+		{name: "quic no ready unroutable", svc: "noready", payload: quicShort(lbCID(12, 7, 1, false), 30), reason: cidroute.Unroutable},
+		{name: "quic no ready unroutable hashed", svc: "hashnoready", payload: quicShort(lbCID(12, 7, 1, false), 30), reason: cidroute.NoReadyBackend},
 		{name: "quic wildcard", svc: "wild4", dst: proxy4, payload: quicShort(lbCID(12, 0, 200, false), 30)},
 		{name: "quic wildcard hashed", svc: "wild4", dst: proxy4, payload: padTo(quicLong(1, 0, initialDCID, nil, 1100), 1200)},
 	}
@@ -219,7 +222,7 @@ func TestForwardAgreesWithRouter(t *testing.T) {
 			}
 		})
 	}
-	for _, r := range []cidroute.Reason{cidroute.Forwarded, cidroute.Malformed, cidroute.UnknownOrdinal, cidroute.NotServing, cidroute.NoReadyBackend, cidroute.StaleRegistry} {
+	for _, r := range []cidroute.Reason{cidroute.Forwarded, cidroute.Malformed, cidroute.UnknownOrdinal, cidroute.NotServing, cidroute.NoReadyBackend, cidroute.StaleRegistry, cidroute.Unroutable} {
 		if !seen[r] {
 			t.Errorf("no case decided %v in the program", r)
 		}

@@ -169,6 +169,9 @@ type Service struct {
 	// MaxDatagram is the pipeline's limit (0 = 9216): larger datagrams go
 	// up, where they are counted as malformed.
 	MaxDatagram int
+	// Unroutable is the Router's policy for a QUIC-LB CID no
+	// configuration decodes (RouterConfig.Unroutable).
+	Unroutable cidroute.UnroutablePolicy
 	// Pass hands every datagram up: for admission limits (not
 	// implemented in the kernel), a custom classifier or encoder, or
 	// transparent mode.
@@ -195,6 +198,7 @@ func ServiceOf(p *cidroute.Pipeline, sc cidroute.Service, maxDatagram int) (Serv
 		Name: sc.Name, Protocol: sc.Protocol, Codec: r.Codec(),
 		Public: pub, Listen: listen, Upstreams: ups,
 		Backends: sc.Backends, MaxDatagram: maxDatagram,
+		Unroutable: sc.RouterConfig.Unroutable,
 	}
 	enc, plain := sc.Encoder.(cidroute.PPv2Encoder)
 	s.Pass = sc.Transparent || sc.Limits != (cidroute.Limits{}) || sc.Classifier != nil ||
@@ -235,6 +239,9 @@ func (p *Program) AddService(s Service) error {
 		cfg.Codec, cfg.CidLen, cfg.LbConfig = 2, uint8(c.Len()), c.ConfigID
 		if c.SelfEncodeLength {
 			cfg.LbSelf = 1
+		}
+		if s.Unroutable == cidroute.UnroutableHash {
+			cfg.LbHash = 1
 		}
 		if c.Validate() != nil {
 			s.Pass = true

@@ -52,6 +52,7 @@ enum {
 	R_UNTRUSTED_SENDER = 7,
 	R_BAD_PROXY_HEADER = 8,
 	R_BAD_DESTINATION = 9,
+	R_UNROUTABLE = 12,
 	R_PASSED = 15,
 	NUM_SLOTS = 16,
 	R_PASS = 255, // internal: hand the datagram to the stack
@@ -83,7 +84,7 @@ struct svc_cfg {
 	__u8 lb_self;     // QUIC-LB self-encoded length
 	__u8 measured;    // the public address is a wildcard
 	__u8 pass;        // hand every datagram up (limits, unknown codec)
-	__u8 pad;
+	__u8 lb_hash;     // RouterConfig.Unroutable is UnroutableHash
 	__u16 max_dgram;  // larger payloads are the pipeline's (malformed)
 	__u16 up_port;    // source port of forwarded datagrams
 	struct addr pub;  // the Router's service address (HRW key, PPv2)
@@ -1162,6 +1163,8 @@ static __noinline int decide(struct xdp_md *ctx, struct svc_cfg *s, struct snap 
 			*ord = o;
 			return R_FORWARDED;
 		}
+		if (!s->lb_hash)
+			return R_UNROUTABLE;
 		by_addrs = 1; // QUIC-LB unroutable: the draft's fallback, never stale
 	} else {
 		if (c->has_id && c->id_len == s->cid_len) {
