@@ -65,7 +65,7 @@ func TestPipelineSiblingReflection(t *testing.T) {
 	regA := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: ea.Addr(), State: registry.Ready},
 		registry.Backend{Ordinal: 1, Addr: rogue.addr(), State: registry.Ready})
 	regB := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: eb.Addr(), State: registry.Ready})
-	p, err := New(Config{Logger: quietLog, Services: []Service{
+	p, err := New(Config{Logger: quietLog, Wait: testWait, Services: []Service{
 		{Name: "a", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1, RouterConfig: RouterConfig{Protocol: DTLS, Backends: regA}},
 		{Name: "b", Listen: netip.MustParseAddrPort("0.0.0.0:0"), Workers: 1,
 			RouterConfig: RouterConfig{Protocol: DTLS, PublicAddr: netip.MustParseAddrPort("127.0.0.1:0"), Backends: regB}},

@@ -71,6 +71,8 @@ type Config struct {
 	// Logger receives start-up, shutdown and error logs, never one line
 	// per datagram. nil means slog.Default().
 	Logger *slog.Logger
+	// Wait is how workers wait for datagrams (WaitNetpoller by default).
+	Wait WaitMode
 }
 
 // ErrClosed is returned by Run on a Pipeline that was already run or
@@ -117,6 +119,9 @@ func New(cfg Config) (*Pipeline, error) {
 	}
 	if cfg.BatchSize < 1 || cfg.BatchSize > 1024 || cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535 {
 		return nil, fmt.Errorf("batch size %d, max datagram %d: %w", cfg.BatchSize, cfg.MaxDatagram, ErrConfig)
+	}
+	if cfg.Wait > WaitBlocking {
+		return nil, fmt.Errorf("wait mode %d: %w", cfg.Wait, ErrConfig)
 	}
 	p := &Pipeline{log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
 	if p.log == nil {
@@ -281,6 +286,9 @@ func (p *Pipeline) newWorker(s *service, in *net.UDPConn, cfg Config) (*worker, 
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Wait == WaitBlocking {
+		w.blocking = w.in.SetBlocking() == nil // else the netpoller (not Linux)
+	}
 	rp := &replies{router: s.router, own: &p.own, out: w.in}
 	w.rp = rp
 	if sc.Transparent {
@@ -288,7 +296,7 @@ func (p *Pipeline) newWorker(s *service, in *net.UDPConn, cfg Config) (*worker, 
 		return w, nil
 	}
 	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
-	if w.up, err = newSharedUpstream(rp, lc, cfg.BatchSize, cfg.MaxDatagram); err != nil {
+	if w.up, err = newSharedUpstream(rp, lc, cfg.BatchSize, cfg.MaxDatagram, w.blocking); err != nil {
 		return nil, fmt.Errorf("upstream socket: %w", err)
 	}
 	return w, nil
@@ -431,6 +439,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	p.raiseProcs()
 	for _, s := range p.services {
 		for _, w := range s.workers {
 			run(w.forwardLoop)
@@ -466,6 +475,21 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.err = err
 	p.log.Info("pipeline stopped")
 	return err
+}
+
+// raiseProcs gives every thread that WaitBlocking locks a P of its own,
+// and one for the rest of the process (see WaitBlocking).
+func (p *Pipeline) raiseProcs() {
+	locked := 0
+	for _, s := range p.services {
+		for _, w := range s.workers {
+			locked += w.lockedThreads()
+		}
+	}
+	if cur := runtime.GOMAXPROCS(0); locked > 0 && cur <= locked {
+		runtime.GOMAXPROCS(locked + 1)
+		p.log.Info("GOMAXPROCS raised for the blocking workers' threads", "from", cur, "to", locked+1)
+	}
 }
 
 // Close stops a running pipeline and waits until Run has returned, or

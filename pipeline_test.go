@@ -34,6 +34,10 @@ type testProxy struct {
 
 var quietLog = slog.New(slog.DiscardHandler)
 
+// testWait is the WaitMode of the pipelines the tests start;
+// TestPipelineBlocking runs them again with WaitBlocking.
+var testWait = WaitNetpoller
+
 var publicAddr = netip.MustParseAddrPort("127.0.0.1:5684")
 
 func startProxy(t testing.TB, proto Protocol, bs []registry.Backend, mod func(*Service)) *testProxy {
@@ -44,7 +48,7 @@ func startProxy(t testing.TB, proto Protocol, bs []registry.Backend, mod func(*S
 	if mod != nil {
 		mod(&s)
 	}
-	p, err := New(Config{Services: []Service{s}, Logger: quietLog})
+	p, err := New(Config{Services: []Service{s}, Logger: quietLog, Wait: testWait})
 	require.NoError(t, err)
 	errc := make(chan error, 1)
 	go func() { errc <- p.Run(context.Background()) }()
@@ -296,7 +300,7 @@ func TestPipelineReversePathChecks(t *testing.T) {
 func TestPipelineLifecycle(t *testing.T) {
 	reg := newRegistry(t, 1)
 	mk := func() *Pipeline {
-		p, err := New(Config{Logger: quietLog, Services: []Service{{Name: "a", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
+		p, err := New(Config{Logger: quietLog, Wait: testWait, Services: []Service{{Name: "a", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
 			RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg}}}})
 		require.NoError(t, err)
 		return p

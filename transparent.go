@@ -235,4 +235,8 @@ func (t *sessionTable) close() {
 
 func (t *sessionTable) addrs() []netip.AddrPort { return nil }
 
+// blocking is false: the table's goroutine waits on a ticker, and each
+// session's socket on the netpoller.
+func (t *sessionTable) blocking() bool { return false }
+
 func (t *sessionTable) sessions() int { return int(t.count.Load()) }

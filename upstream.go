@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/cidroute/cidroute/udpio"
 )
@@ -20,6 +20,7 @@ type sharedUpstream struct {
 	io            *udpio.Conn
 	rp            *replies
 	revIn, revOut []udpio.Message
+	block         bool // serve blocks a locked thread (WaitBlocking)
 }
 
 // newSharedUpstream binds the upstream socket: the wildcard address of
@@ -30,7 +31,7 @@ type sharedUpstream struct {
 // backend's route. Anyone can send to it, so a reply counts only when its
 // physical sender is a backend (the reverse rule), and the port is in
 // the process's own addresses, where neither rule sends.
-func newSharedUpstream(rp *replies, lc udpio.ListenConfig, batch, maxDatagram int) (*sharedUpstream, error) {
+func newSharedUpstream(rp *replies, lc udpio.ListenConfig, batch, maxDatagram int, blocking bool) (*sharedUpstream, error) {
 	ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
 	if err != nil {
 		return nil, err
@@ -41,6 +42,9 @@ func newSharedUpstream(rp *replies, lc udpio.ListenConfig, batch, maxDatagram in
 		u.conn.Close()
 		return nil, err
 	}
+	if blocking {
+		u.block = u.io.SetBlocking() == nil
+	}
 	return u, nil
 }
 
@@ -50,6 +54,10 @@ func (u *sharedUpstream) send(out []udpio.Message, _ []Session, c *Counters) err
 
 // serve relays backends' replies to clients until shutdown.
 func (u *sharedUpstream) serve() error {
+	if u.block {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	for {
 		n, err := u.io.ReadBatch(u.revIn)
 		if err != nil {
@@ -61,8 +69,9 @@ func (u *sharedUpstream) serve() error {
 	}
 }
 
-func (u *sharedUpstream) wake()  { u.conn.SetReadDeadline(time.Unix(1, 0)) }
-func (u *sharedUpstream) close() { u.conn.Close() }
+func (u *sharedUpstream) wake()          { wakeReader(u.conn, u.io, u.block) }
+func (u *sharedUpstream) close()         { u.conn.Close() }
+func (u *sharedUpstream) blocking() bool { return u.block }
 
 func (u *sharedUpstream) addrs() []netip.AddrPort {
 	return []netip.AddrPort{u.conn.LocalAddr().(*net.UDPAddr).AddrPort()}

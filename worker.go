@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,8 @@ type worker struct {
 	fwdIn, fwdOut []udpio.Message
 	from          []Session // the client of fwdOut[i], and where it sent
 	fwd           liveCounters
+
+	blocking bool // the service socket is in blocking mode (WaitBlocking)
 }
 
 // An upstream is the worker's side towards the backends, chosen when the
@@ -51,6 +54,9 @@ type upstream interface {
 	addrs() []netip.AddrPort
 	// sessions returns the number of transparent sessions.
 	sessions() int
+	// blocking reports whether serve blocks a locked thread in the
+	// kernel (WaitBlocking).
+	blocking() bool
 }
 
 // newWorker builds the worker of socket in, with the upstream up.
@@ -80,6 +86,10 @@ func rxMessages(n, size int) []udpio.Message {
 // forwardLoop moves client datagrams to backends until the socket is
 // closed or its read deadline passes (shutdown).
 func (w *worker) forwardLoop() error {
+	if w.blocking {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	var c Counters
 	for {
 		n, err := w.in.ReadBatch(w.fwdIn)
@@ -127,8 +137,31 @@ func ended(err error) error {
 
 // wake makes both loops return soon, without closing a socket.
 func (w *worker) wake() {
-	w.conn.SetReadDeadline(time.Unix(1, 0))
+	wakeReader(w.conn, w.in, w.blocking)
 	w.up.wake()
+}
+
+// wakeReader makes a loop reading in from c return: a read deadline in
+// the past wakes a goroutine parked on the netpoller, a shutdown one
+// blocked in the kernel.
+func wakeReader(c *net.UDPConn, in *udpio.Conn, blocking bool) {
+	if blocking {
+		in.Shutdown()
+		return
+	}
+	c.SetReadDeadline(time.Unix(1, 0))
+}
+
+// lockedThreads is the number of OS threads the worker's loops hold.
+func (w *worker) lockedThreads() int {
+	n := 0
+	if w.blocking {
+		n++
+	}
+	if w.up.blocking() {
+		n++
+	}
+	return n
 }
 
 // close closes the upstream (ending transparent sessions), then the

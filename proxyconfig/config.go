@@ -31,6 +31,7 @@ type fileConfig struct {
 	HRWSeed       uint64            `json:"hrw_seed"`
 	MetricsListen string            `json:"metrics_listen"`
 	LogLevel      string            `json:"log_level"`
+	Wait          string            `json:"wait"`
 	XDPInterfaces []string          `json:"xdp_interfaces"` // xdp.go
 	Services      []json.RawMessage `json:"services"`       // decoded one by one, to name the service in errors
 }
@@ -68,6 +69,10 @@ type Config struct {
 	Seed          uint64     // hrw_seed
 	MetricsListen string     // metrics_listen; "" = no metrics endpoint
 	LogLevel      slog.Level // log_level
+	// Wait ("wait") is how the pipeline's workers wait for datagrams:
+	// "blocking" (the default here: each loop on a locked thread, blocked
+	// in recvmmsg, the cheapest wake-up) or "netpoller".
+	Wait cidroute.WaitMode
 	// XDPInterfaces (xdp_interfaces) are the interfaces of the XDP fast
 	// path: distinct names, not checked against the host. Attaching is the
 	// program's (module cidroute/xdp, xdp.Accelerate).
@@ -184,6 +189,12 @@ func Parse(r io.Reader) (*Config, error) {
 		cfg.LogLevel = slog.LevelError
 	default:
 		return nil, fmt.Errorf("log_level %q: want debug, info, warn or error", fc.LogLevel)
+	}
+	cfg.Wait = cidroute.WaitBlocking
+	if fc.Wait != "" {
+		if err := cfg.Wait.UnmarshalText([]byte(fc.Wait)); err != nil {
+			return nil, fmt.Errorf("wait: %w", err)
+		}
 	}
 	if len(fc.Services) == 0 {
 		return nil, fmt.Errorf("services: at least one service is needed")

@@ -31,6 +31,7 @@ func TestParseConfigGood(t *testing.T) {
 	}{
 		{"defaults", withServices(`{` + svc + `}`), func(t *testing.T, c *Config) {
 			require.Equal(t, slog.LevelInfo, c.LogLevel)
+			require.Equal(t, cidroute.WaitBlocking, c.Wait)
 			require.Equal(t, uint64(0), c.Seed)
 			require.Empty(t, c.MetricsListen)
 			s := c.Services[0]
@@ -74,6 +75,9 @@ func TestParseConfigGood(t *testing.T) {
 		}},
 		{"log levels", `{"log_level": "error", "services": [{` + svc + `}]}`, func(t *testing.T, c *Config) {
 			require.Equal(t, slog.LevelError, c.LogLevel)
+		}},
+		{"wait netpoller", `{"wait": "netpoller", "services": [{` + svc + `}]}`, func(t *testing.T, c *Config) {
+			require.Equal(t, cidroute.WaitNetpoller, c.Wait)
 		}},
 		{"kubernetes backends", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:5684",
 			"kubernetes": {"namespace": "iot", "service": "ds", "port_name": "dtls"}}`), func(t *testing.T, c *Config) {
@@ -129,6 +133,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"negative seed", `{"hrw_seed": -1, "services": [{` + svc + `}]}`, "hrw_seed: JSON number -1 where a non-negative integer is expected"},
 		{"string workers", withServices(`{` + svc + `, "workers": "2"}`), "workers: JSON string where an integer is expected"},
 		{"bad log level", `{"log_level": "verbose", "services": [{` + svc + `}]}`, `log_level "verbose"`},
+		{"bad wait", `{"wait": "spin", "services": [{` + svc + `}]}`, `wait: cidroute: wait "spin"`},
 		{"bad metrics address", `{"metrics_listen": "9184", "services": [{` + svc + `}]}`, "metrics_listen"},
 		{"metrics port zero", `{"metrics_listen": "127.0.0.1:0", "services": [{` + svc + `}]}`, "metrics_listen"},
 		{"no services", `{"hrw_seed": 1}`, "at least one service"},

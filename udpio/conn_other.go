@@ -32,3 +32,12 @@ func (c *Conn) ReadBatch(ms []Message) (int, error) { return c.p.readBatch(ms) }
 // WriteBatch sends every message of ms, one syscall each, with the same
 // per-datagram error reporting as on Linux.
 func (c *Conn) WriteBatch(ms []Message) (int, error) { return c.p.writeBatch(ms) }
+
+// SetBlocking is not supported on this platform: ReadBatch parks on the
+// netpoller. It returns an error wrapping ErrNotSupported.
+func (c *Conn) SetBlocking() error { return fmt.Errorf("blocking mode: %w", ErrNotSupported) }
+
+// Shutdown is not supported on this platform (there is no blocking mode
+// to wake); it returns an error wrapping ErrNotSupported. Close the
+// UDPConn, or set a read deadline, to end ReadBatch.
+func (c *Conn) Shutdown() error { return fmt.Errorf("shutdown: %w", ErrNotSupported) }

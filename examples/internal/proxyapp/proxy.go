@@ -46,7 +46,7 @@ func newProxy(cfg *proxyconfig.Config, log *slog.Logger, opts Options) (*proxy, 
 	for _, s := range cfg.Services {
 		p.names = append(p.names, s.Name)
 	}
-	pc := cidroute.Config{Services: regs.Services(), Logger: log}
+	pc := cidroute.Config{Services: regs.Services(), Logger: log, Wait: cfg.Wait}
 	pipe, err := cidroute.New(pc)
 	if err != nil {
 		p.close()

@@ -1,0 +1,82 @@
+package cidroute
+
+import (
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/registry"
+)
+
+// TestPipelineBlocking runs the pipeline's tests again with every worker
+// in WaitBlocking mode: the same routing, counters and shutdown, whatever
+// the wait.
+func TestPipelineBlocking(t *testing.T) {
+	testWait = WaitBlocking
+	t.Cleanup(func() { testWait = WaitNetpoller })
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"ReplicasAgree", TestPipelineReplicasAgree},
+		{"CIDSurvivesRebinding", TestPipelineCIDSurvivesRebinding},
+		{"DrainAndRemove", TestPipelineDrainAndRemove},
+		{"StaleRegistry", TestPipelineStaleRegistry},
+		{"ReversePathChecks", TestPipelineReversePathChecks},
+		{"Lifecycle", TestPipelineLifecycle},
+		{"SiblingReflection", TestPipelineSiblingReflection},
+		{"TransparentRouting", TestTransparentRouting},
+		{"TransparentRepliesOnlyFromBackend", TestTransparentRepliesOnlyFromBackend},
+	} {
+		t.Run(tc.name, tc.f)
+	}
+}
+
+// TestWaitBlockingHoldsThreads: on Linux a blocking PPv2 worker holds two
+// locked threads (forward, replies), a transparent one one, and Run gives
+// each a P.
+func TestWaitBlockingHoldsThreads(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("WaitBlocking falls back to the netpoller off Linux")
+	}
+	testWait = WaitBlocking
+	t.Cleanup(func() { testWait = WaitNetpoller })
+	e := startEcho(t, 0)
+	bs := []registry.Backend{{Ordinal: 0, Addr: e.Addr(), State: registry.Ready}}
+	pp := startProxy(t, DTLS, bs, nil)
+	tr := startProxy(t, DTLS, bs, func(s *Service) { s.Transparent = true })
+	c := newClient(t) // pp runs, and routes
+	require.Equal(t, 0, c.ask(pp.addr(), dtlsCIDRecord(ordinalCID(t, pp.router().Codec(), 0), 1, []byte("ping"))))
+	for _, w := range pp.p.services[0].workers {
+		assert.True(t, w.blocking)
+		assert.Equal(t, 2, w.lockedThreads())
+	}
+	for _, w := range tr.p.services[0].workers {
+		assert.Equal(t, 1, w.lockedThreads())
+	}
+	require.Greater(t, runtime.GOMAXPROCS(0), 2*len(pp.p.services[0].workers))
+
+	// The netpoller mode holds none.
+	testWait = WaitNetpoller
+	np := startProxy(t, DTLS, bs, nil)
+	require.Equal(t, 0, c.ask(np.addr(), dtlsCIDRecord(ordinalCID(t, np.router().Codec(), 0), 2, []byte("ping"))))
+	for _, w := range np.p.services[0].workers {
+		assert.Zero(t, w.lockedThreads())
+	}
+}
+
+func TestWaitModeText(t *testing.T) {
+	for _, m := range []WaitMode{WaitNetpoller, WaitBlocking} {
+		b, err := m.MarshalText()
+		require.NoError(t, err)
+		var back WaitMode
+		require.NoError(t, back.UnmarshalText(b))
+		assert.Equal(t, m, back)
+	}
+	var m WaitMode
+	require.ErrorIs(t, m.UnmarshalText([]byte("spin")), ErrConfig)
+	_, err := WaitMode(7).MarshalText()
+	require.ErrorIs(t, err, ErrConfig)
+}
