@@ -18,16 +18,15 @@ import (
 func TestHeaderIsPPv2(t *testing.T) {
 	f, err := newForwarder("127.0.0.1:0", netip.MustParseAddrPort("127.0.0.1:9"), 4)
 	require.NoError(t, err)
-	defer f.svc.Close()
-	defer f.up.Close()
+	defer f.close()
 	client := netip.MustParseAddrPort("127.1.2.3:4567")
-	h := f.fwdOut[3].Prefix
+	h := f.fwd.hdrs[3*hdrLen : 4*hdrLen]
 	stampClient(h, client)
 	got, off, err := ppv2.Parse(h)
 	require.NoError(t, err, "the fixed header is a valid PROXY v2 header")
 	assert.Equal(t, hdrLen, off)
 	assert.Equal(t, client, got.Src)
-	assert.Equal(t, f.svc.LocalAddr().(*net.UDPAddr).AddrPort(), got.Dst)
+	assert.Equal(t, f.service, got.Dst)
 
 	// The reverse path reads the destination of the backend's header.
 	rev, err := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: got.Dst, Dst: client})
@@ -45,7 +44,7 @@ func TestForwardAndBack(t *testing.T) {
 	go func() { f.run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 
-	svc := f.svc.LocalAddr().(*net.UDPAddr).AddrPort()
+	svc := f.service
 	var clients []*net.UDPConn
 	for range 3 {
 		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})

@@ -31,8 +31,10 @@ type forwarder struct {
 }
 
 var forwarders = []forwarder{
-	{Name: "cidproxy-1w", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 1) }},
-	{Name: "cidproxy-2w", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 2) }},
+	{Name: "cidproxy-1w", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 1, "blocking") }},
+	{Name: "cidproxy-2w", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 2, "blocking") }},
+	// The netpoller wait, for the cost of waking up (issue 20).
+	{Name: "cidproxy-1w-np", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 1, "netpoller") }},
 	{Name: "raw", PPv2: true, start: func(e *env, b netip.AddrPort) (*process, error) {
 		return e.startListener("rawfwd", "-listen", "127.0.0.1:0", "-backend", b.String())
 	}},
@@ -188,7 +190,7 @@ func freeTCP() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func (e *env) startCidproxy(backend netip.AddrPort, workers int) (*process, error) {
+func (e *env) startCidproxy(backend netip.AddrPort, workers int, wait string) (*process, error) {
 	port, err := freeUDP()
 	if err != nil {
 		return nil, err
@@ -204,6 +206,7 @@ func (e *env) startCidproxy(backend netip.AddrPort, workers int) (*process, erro
 	cfg := map[string]any{
 		"metrics_listen": fmt.Sprintf("127.0.0.1:%d", mport),
 		"log_level":      "warn",
+		"wait":           wait,
 		"services": []map[string]any{{
 			"name": "bench", "protocol": "dtls", "listen": fmt.Sprintf("127.0.0.1:%d", port),
 			"workers": workers, "backends": []be{{0, backend.String()}},

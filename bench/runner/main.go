@@ -70,7 +70,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.rateClients, "rate-clients", 64, "client addresses in the rate sweep")
 	counts := fs.String("clients", "", "client address counts of the state test (default 10,1000,10000)")
 	fs.Uint64Var(&o.clientRate, "client-rate", 20000, "offered rate of the state test")
-	rfw := fs.String("forwarders", "cidproxy-1w,cidproxy-2w,raw,naive,nginx", "forwarders of the rate sweep")
+	rfw := fs.String("forwarders", "cidproxy-1w,cidproxy-2w,cidproxy-1w-np,raw,naive,nginx", "forwarders of the rate sweep")
 	cfw := fs.String("client-forwarders", "cidproxy-1w,raw,naive,nginx,nginx-session", "forwarders of the state test")
 	dur := fs.Duration("duration", 0, "measured window per run (0 = 3s, or 1s with -quick)")
 	warm := fs.Duration("warmup", 0, "sending before each window (0 = 1s, 1.5s in the state test; 300ms, 700ms with -quick)")
