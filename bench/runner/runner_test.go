@@ -85,7 +85,7 @@ func TestOptions(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 3, o.reps)
 	assert.Equal(t, []int{10, 1000, 10000}, o.clientCounts)
-	assert.Len(t, o.rateFwds, 5)
+	assert.Len(t, o.rateFwds, 6)
 	assert.Equal(t, 3, o.profileSecs, "a full run profiles cidproxy, so its results show where the CPU goes")
 	o, err = parseOptions([]string{"-profile", "0"}, &bytes.Buffer{})
 	require.NoError(t, err)
