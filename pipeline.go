@@ -397,7 +397,8 @@ func (p *Pipeline) Router(service string) (r *Router, ok bool) {
 // address of the host, which it tracks while it runs.
 func (p *Pipeline) OwnAddrs() *OwnAddrs { return p.own.Load() }
 
-// Stats returns every service's counters, summed over its workers.
+// Stats returns every service's counters, summed over its workers. The
+// kernel's drops take one getsockopt per socket.
 func (p *Pipeline) Stats() []ServiceStats {
 	out := make([]ServiceStats, len(p.services))
 	for i, s := range p.services {
@@ -409,6 +410,8 @@ func (p *Pipeline) Stats() []ServiceStats {
 			w.fwd.load(&out[i].Forward)
 			w.rp.rev.load(&out[i].Reverse)
 			out[i].Sessions += w.up.sessions()
+			out[i].Forward.KernelDrops += kernelDrops(w.conn)
+			out[i].Reverse.KernelDrops += w.up.kernelDrops()
 		}
 	}
 	return out

@@ -1,6 +1,9 @@
 package cidroute
 
-import "sync/atomic"
+import (
+	"math/bits"
+	"sync/atomic"
+)
 
 // Counters account for every datagram of one service and direction:
 // Received = Forwarded + Σ Dropped, once the pipeline is quiescent.
@@ -8,6 +11,39 @@ type Counters struct {
 	Received  uint64
 	Forwarded uint64
 	Dropped   [NumReasons]uint64 // indexed by Reason; Dropped[Forwarded] is 0
+
+	// KernelDrops are the datagrams the kernel dropped on the
+	// direction's receiving sockets because their receive buffers were
+	// full, before the pipeline could read them (forward: the service
+	// sockets; reverse: the shared upstream sockets; transparent
+	// sessions' own sockets are not included). So the datagrams the
+	// kernel accepted for the pipeline are Received + KernelDrops. The
+	// kernel counts in 32 bits per socket, so the sum wraps there, which
+	// a Prometheus rate() reads as a counter reset.
+	KernelDrops uint64
+	// BatchSizes counts the receive calls that returned datagrams by how
+	// many: BatchSizes[i] those of 2^(i-1) to 2^i−1 datagrams ([0] is
+	// unused). Received / Batches() is the mean batch: near 1, workers
+	// wake for every datagram (a light load, where the cost of waking up
+	// is the cost per datagram); near Config.BatchSize they are
+	// saturated.
+	BatchSizes [NumBatchBuckets]uint64
+}
+
+// NumBatchBuckets is the length of Counters.BatchSizes: batches of up to
+// 1024 datagrams, Pipeline's largest BatchSize.
+const NumBatchBuckets = 12
+
+// batchBucket is the BatchSizes index of a batch of n ≥ 1 datagrams.
+func batchBucket(n int) int { return bits.Len(uint(n)) }
+
+// Batches is the number of receive calls that returned datagrams.
+func (c *Counters) Batches() uint64 {
+	var t uint64
+	for _, n := range c.BatchSizes {
+		t += n
+	}
+	return t
 }
 
 // DroppedTotal is Σ Dropped.
@@ -28,6 +64,16 @@ func (c *Counters) add(o *Counters) {
 	for i, n := range o.Dropped {
 		c.Dropped[i] += n
 	}
+	c.KernelDrops += o.KernelDrops
+	for i, n := range o.BatchSizes {
+		c.BatchSizes[i] += n
+	}
+}
+
+// batch counts one receive call that returned n datagrams.
+func (c *Counters) batch(n int) {
+	c.Received += uint64(n)
+	c.BatchSizes[batchBucket(n)]++
 }
 
 // ServiceStats is a snapshot of one service's counters.
@@ -49,6 +95,7 @@ type ServiceStats struct {
 type liveCounters struct {
 	received, forwarded atomic.Uint64
 	dropped             [NumReasons]atomic.Uint64
+	batches             [NumBatchBuckets]atomic.Uint64
 	_                   [64]byte // keep the next worker's counters off this line
 }
 
@@ -62,6 +109,11 @@ func (l *liveCounters) flush(c *Counters) {
 			l.dropped[i].Add(n)
 		}
 	}
+	for i, n := range c.BatchSizes {
+		if n != 0 {
+			l.batches[i].Add(n)
+		}
+	}
 	*c = Counters{}
 }
 
@@ -71,6 +123,9 @@ func (l *liveCounters) load(c *Counters) {
 	c.Forwarded += l.forwarded.Load()
 	for i := range l.dropped {
 		c.Dropped[i] += l.dropped[i].Load()
+	}
+	for i := range l.batches {
+		c.BatchSizes[i] += l.batches[i].Load()
 	}
 	c.Received += l.received.Load()
 }

@@ -239,4 +239,8 @@ func (t *sessionTable) addrs() []netip.AddrPort { return nil }
 // session's socket on the netpoller.
 func (t *sessionTable) blocking() bool { return false }
 
+// kernelDrops is 0: the sessions' sockets come and go, and are not
+// counted.
+func (t *sessionTable) kernelDrops() uint64 { return 0 }
+
 func (t *sessionTable) sessions() int { return int(t.count.Load()) }

@@ -69,9 +69,10 @@ func (u *sharedUpstream) serve() error {
 	}
 }
 
-func (u *sharedUpstream) wake()          { wakeReader(u.conn, u.io, u.block) }
-func (u *sharedUpstream) close()         { u.conn.Close() }
-func (u *sharedUpstream) blocking() bool { return u.block }
+func (u *sharedUpstream) wake()               { wakeReader(u.conn, u.io, u.block) }
+func (u *sharedUpstream) close()              { u.conn.Close() }
+func (u *sharedUpstream) blocking() bool      { return u.block }
+func (u *sharedUpstream) kernelDrops() uint64 { return kernelDrops(u.conn) }
 
 func (u *sharedUpstream) addrs() []netip.AddrPort {
 	return []netip.AddrPort{u.conn.LocalAddr().(*net.UDPAddr).AddrPort()}
@@ -99,7 +100,9 @@ func (rp *replies) view() View {
 func (rp *replies) relay(in, buf []udpio.Message, sess Session) error {
 	var c Counters
 	v := rp.view()
-	c.Received = uint64(len(in))
+	if len(in) > 0 {
+		c.batch(len(in))
+	}
 	out := buf[:0]
 	for i := range in {
 		m := &in[i]

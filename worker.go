@@ -57,6 +57,9 @@ type upstream interface {
 	// blocking reports whether serve blocks a locked thread in the
 	// kernel (WaitBlocking).
 	blocking() bool
+	// kernelDrops is what the kernel dropped on the sockets that
+	// receive replies (none counted for transparent sessions).
+	kernelDrops() uint64
 }
 
 // newWorker builds the worker of socket in, with the upstream up.
@@ -101,7 +104,7 @@ func (w *worker) forwardLoop() error {
 		if w.adm != nil {
 			v.Now = time.Now().UnixNano() // once per batch, and only with limits
 		}
-		c.Received += uint64(n)
+		c.batch(n)
 		out := w.fwdOut[:0]
 		for i := range w.fwdIn[:n] {
 			m := &w.fwdIn[i]
@@ -150,6 +153,13 @@ func wakeReader(c *net.UDPConn, in *udpio.Conn, blocking bool) {
 		return
 	}
 	c.SetReadDeadline(time.Unix(1, 0))
+}
+
+// kernelDrops reads the kernel's drop count of socket c (0 where the
+// platform does not report it).
+func kernelDrops(c *net.UDPConn) uint64 {
+	n, _ := udpio.KernelDrops(c)
+	return uint64(n)
 }
 
 // lockedThreads is the number of OS threads the worker's loops hold.

@@ -136,3 +136,30 @@ func TestShutdownWakesBlockedReader(t *testing.T) {
 	}
 	require.NoError(t, rc.Close())
 }
+
+// TestKernelDrops: datagrams the kernel drops on a full receive buffer
+// are counted, and with what the reader gets they add up to what was
+// sent (loopback loses nothing else).
+func TestKernelDrops(t *testing.T) {
+	rc := listen(t, "udp4", "127.0.0.1:0", ListenConfig{RecvBuffer: 4096})
+	d0, err := KernelDrops(rc)
+	require.NoError(t, err)
+	require.Zero(t, d0)
+	sc := listen(t, "udp4", "127.0.0.1:0", ListenConfig{})
+	const sent = 300
+	for i := range sent {
+		_, err := sc.WriteToUDPAddrPort(seqMsg(uint32(i), 500), addrOf(rc))
+		require.NoError(t, err)
+	}
+	drops, err := KernelDrops(rc)
+	require.NoError(t, err)
+	require.NotZero(t, drops, "a 4 KiB buffer cannot hold 300 datagrams of 500 bytes")
+	r := newConn(t, rc, 32)
+	got := readAll(t, r, rc, sent-int(drops))
+	assert.Len(t, got, sent-int(drops))
+	// Nothing more is queued.
+	require.NoError(t, rc.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+	n, _ := r.ReadBatch([]Message{{Buf: make([]byte, 600)}})
+	assert.Zero(t, n)
+	t.Logf("sent %d, received %d, kernel drops %d", sent, len(got), drops)
+}

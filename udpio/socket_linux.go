@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -158,6 +159,32 @@ func BufferSizes(c *net.UDPConn) (recv, send int, err error) {
 		return 0, 0, fmt.Errorf("udpio: buffer sizes: %w", err)
 	}
 	return recv, send, nil
+}
+
+// KernelDrops returns the number of datagrams the kernel dropped on c
+// since it was opened because its receive buffer was full (the socket's
+// sk_drops, which SO_RXQ_OVFL would report with every datagram): one
+// getsockopt(SO_MEMINFO) when asked, nothing on the receive path. The
+// kernel keeps the count in 32 bits, so it wraps at 2³².
+func KernelDrops(c *net.UDPConn) (uint32, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, fmt.Errorf("udpio: %w", err)
+	}
+	var info [unix.SK_MEMINFO_VARS]uint32
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		l := uint32(unsafe.Sizeof(info))
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_MEMINFO,
+			uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&l)), 0)
+		if e != 0 {
+			serr = e
+		}
+	})
+	if err = errors.Join(err, serr); err != nil {
+		return 0, fmt.Errorf("udpio: kernel drops: %w", err)
+	}
+	return info[unix.SK_MEMINFO_DROPS], nil
 }
 
 // AttachSteering installs a classic BPF program (SO_ATTACH_REUSEPORT_CBPF)

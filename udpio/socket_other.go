@@ -52,3 +52,9 @@ func AttachSteering(group []*net.UDPConn, s Steering) error {
 	}
 	return fmt.Errorf("reuseport steering: %w", ErrNotSupported)
 }
+
+// KernelDrops is not supported on this platform; it returns an error
+// wrapping ErrNotSupported.
+func KernelDrops(c *net.UDPConn) (uint32, error) {
+	return 0, fmt.Errorf("kernel drops: %w", ErrNotSupported)
+}
