@@ -254,6 +254,7 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 		return nil, configErr(err)
 	}
 	s := &service{cfg: sc}
+	p.warnBuffers(sc, "service", group[0])
 	if sc.Listen.Port() == 0 { // learn the port the kernel picked
 		port := group[0].LocalAddr().(*net.UDPAddr).AddrPort().Port()
 		s.cfg.Listen = netip.AddrPortFrom(sc.Listen.Addr(), port)
@@ -276,7 +277,34 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 		s.workers = append(s.workers, w)
 		p.bound = append(p.bound, w.up.addrs()...)
 	}
+	if u, ok := s.workers[0].up.(*sharedUpstream); ok {
+		p.warnBuffers(sc, "upstream", u.conn)
+	}
 	return s, nil
+}
+
+// warnBuffers logs when the kernel granted socket c (one of the service's
+// sockets of a kind) smaller buffers than sc asks for: without
+// CAP_NET_ADMIN it caps them at net.core.rmem_max and wmem_max, silently,
+// and a short receive buffer drops datagrams in bursts (KernelDrops).
+func (p *Pipeline) warnBuffers(sc Service, kind string, c *net.UDPConn) {
+	if sc.RecvBuffer == 0 && sc.SendBuffer == 0 {
+		return
+	}
+	recv, send, err := udpio.BufferSizes(c)
+	if err != nil {
+		return // not reported on this platform
+	}
+	// Linux reports twice what it grants, its bookkeeping included.
+	for _, b := range []struct {
+		what, sysctl  string
+		asked, actual int
+	}{{"receive", "net.core.rmem_max", sc.RecvBuffer, recv / 2}, {"send", "net.core.wmem_max", sc.SendBuffer, send / 2}} {
+		if b.asked > 0 && b.actual < b.asked {
+			p.log.Warn("socket buffer smaller than configured: the kernel capped it; raise "+b.sysctl+" or give the process CAP_NET_ADMIN",
+				"service", sc.Name, "socket", kind, "buffer", b.what, "asked", b.asked, "granted", b.actual)
+		}
+	}
 }
 
 // newWorker builds the worker of socket in and its upstream.

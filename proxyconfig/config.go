@@ -48,6 +48,8 @@ type fileService struct {
 	MaxSessions    int              `json:"max_sessions"` // transparent mode only
 	SessionIdle    string           `json:"session_idle"` // transparent mode only
 	Workers        int              `json:"workers"`
+	RecvBuffer     int              `json:"recv_buffer"` // bytes, 0 = kernel default
+	SendBuffer     int              `json:"send_buffer"`
 	MaxRegistryAge string           `json:"max_registry_age"`
 	Backends       json.RawMessage  `json:"backends"` // registry.DecodeBackends format
 	BackendsFile   string           `json:"backends_file"`
@@ -99,8 +101,12 @@ type Service struct {
 	Transparent bool
 	MaxSessions int
 	SessionIdle time.Duration
-	Workers     int           // 0 = one per CPU (GOMAXPROCS)
-	MaxAge      time.Duration // max_registry_age; 0 = never stale
+	Workers     int // 0 = one per CPU (GOMAXPROCS)
+	// RecvBuffer and SendBuffer (recv_buffer, send_buffer) are the
+	// socket buffer sizes of the service's sockets in bytes, 0 = the
+	// kernel's default (cidroute.Service).
+	RecvBuffer, SendBuffer int
+	MaxAge                 time.Duration // max_registry_age; 0 = never stale
 	// At most one of Backends (a static list, validated), BackendsFile
 	// (an absolute path, or relative to the working directory) and
 	// Kubernetes (the Service whose EndpointSlices are the backends,
@@ -119,6 +125,10 @@ type Service struct {
 }
 
 const maxWorkers = 256 // cidroute.Pipeline's limit
+
+// maxBuffer bounds recv_buffer and send_buffer: the kernel takes an int
+// and doubles it.
+const maxBuffer = 1 << 30
 
 // Lower bounds of the duration keys, checked by -check as by a start.
 const (
@@ -283,6 +293,15 @@ func parseService(raw json.RawMessage) (Service, error) {
 		return fail("workers %d: want 0 (one per CPU) to %d", fs.Workers, maxWorkers)
 	}
 	s.Workers = fs.Workers
+	for _, b := range []struct {
+		key string
+		v   int
+	}{{"recv_buffer", fs.RecvBuffer}, {"send_buffer", fs.SendBuffer}} {
+		if b.v < 0 || b.v > maxBuffer {
+			return fail("%s %d: want 0 (the kernel's default) to %d bytes", b.key, b.v, maxBuffer)
+		}
+	}
+	s.RecvBuffer, s.SendBuffer = fs.RecvBuffer, fs.SendBuffer
 	if s.MaxAge, err = parseDuration("max_registry_age", fs.MaxRegistryAge, minRegistryAge, true); err != nil {
 		return s, err
 	}
