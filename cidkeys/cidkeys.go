@@ -35,6 +35,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cidroute/cidroute/internal/boundedread"
 	"github.com/cidroute/cidroute/quic"
 )
 
@@ -74,39 +75,36 @@ func (s Set) ConfigIDs() []uint8 {
 
 // Load reads the key file at path: it must be a regular file (symbolic
 // links are followed, as Kubernetes Secret volumes need) of mode 0600 or
-// 0400 (see the package documentation for root-owned files).
-func Load(path string) (Set, error) {
-	data, err := read(path)
+// 0400 (see the package documentation for root-owned files). The read is
+// bounded (internal/boundedread): a FIFO or a device is refused without
+// waiting for a writer, and a read that takes longer than ReadTimeout or
+// outlives ctx is abandoned.
+func Load(ctx context.Context, path string) (Set, error) {
+	var g boundedread.Guard
+	data, err := read(ctx, &g, path)
 	if err != nil {
 		return Set{}, err
 	}
 	return Parse(bytes.NewReader(data))
 }
 
-func read(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
+// ReadTimeout bounds one read of a key file, which takes microseconds
+// unless its file system hangs.
+const ReadTimeout = 5 * time.Second
+
+func read(ctx context.Context, g *boundedread.Guard, path string) ([]byte, error) {
+	data, err := g.Do(ctx, ReadTimeout, func() ([]byte, error) {
+		return boundedread.RegularFunc(path, maxFileSize, func(st fs.FileInfo) error {
+			if err := checkMode(st.Mode().Perm(), fileOwner(st), os.Getuid()); err != nil {
+				return fmt.Errorf("%s has %w", path, err)
+			}
+			return nil
+		})
+	})
+	if errors.Is(err, boundedread.ErrTimeout) || errors.Is(err, boundedread.ErrBlocked) {
+		err = fmt.Errorf("%s: %w", path, err) // the others name it
 	}
-	defer f.Close()
-	st, err := f.Stat() // the opened file, not a name that may change meanwhile
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("cidkeys: %s is not a regular file", path)
-	}
-	if err := checkMode(st.Mode().Perm(), fileOwner(st), os.Getuid()); err != nil {
-		return nil, fmt.Errorf("%s has %w", path, err)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxFileSize {
-		return nil, fmt.Errorf("cidkeys: %s is larger than %d bytes", path, maxFileSize)
-	}
-	return data, nil
+	return data, err
 }
 
 // Parse decodes a key file's content. Its errors name config IDs and JSON
@@ -191,15 +189,17 @@ type File struct {
 	lastOK  bool
 	lastErr string
 
+	guard  boundedread.Guard // Run's reads: a stuck one blocks the next
 	once   sync.Once
 	reload chan struct{}
 	polled func() // tests: called after every poll
 }
 
-// Open reads the key file at path and returns it with a new encrypted
-// codec of nonceLen-octet nonces holding its keys.
-func Open(path string, nonceLen int) (*File, error) {
-	data, err := read(path)
+// Open reads the key file at path, as Load does, and returns it with a new
+// encrypted codec of nonceLen-octet nonces holding its keys.
+func Open(ctx context.Context, path string, nonceLen int) (*File, error) {
+	var g boundedread.Guard
+	data, err := read(ctx, &g, path)
 	if err != nil {
 		return nil, err
 	}
@@ -251,9 +251,9 @@ func (f *File) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			f.poll(false, log)
+			f.poll(ctx, false, log)
 		case <-f.reload:
-			f.poll(true, log)
+			f.poll(ctx, true, log)
 		}
 		if f.polled != nil {
 			f.polled()
@@ -261,8 +261,11 @@ func (f *File) Run(ctx context.Context) {
 	}
 }
 
-func (f *File) poll(forced bool, log *slog.Logger) {
-	data, err := read(f.Path)
+func (f *File) poll(ctx context.Context, forced bool, log *slog.Logger) {
+	data, err := read(ctx, &f.guard, f.Path)
+	if ctx.Err() != nil {
+		return // stopping: an abandoned read is no failure of the file
+	}
 	if err == nil {
 		sum := sha256.Sum256(data)
 		if sum == f.last && !forced {

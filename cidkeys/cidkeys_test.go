@@ -94,21 +94,21 @@ func TestLoadMode(t *testing.T) {
 	path := filepath.Join(dir, "keys.json")
 	for _, mode := range []os.FileMode{0o600, 0o400} {
 		writeKeys(t, path, body, mode)
-		if _, err := Load(path); err != nil {
+		if _, err := Load(context.Background(), path); err != nil {
 			t.Errorf("mode %04o: %v", mode, err)
 		}
 	}
 	for _, mode := range []os.FileMode{0o644, 0o640, 0o604, 0o660, 0o602, 0o610} {
 		writeKeys(t, path, body, mode)
-		_, err := Load(path)
+		_, err := Load(context.Background(), path)
 		if !errors.Is(err, ErrMode) || !strings.Contains(err.Error(), "chmod 600") || leaks(err.Error()) {
 			t.Errorf("mode %04o: %v", mode, err)
 		}
 	}
-	if _, err := Load(dir); err == nil {
+	if _, err := Load(context.Background(), dir); err == nil {
 		t.Error("a directory loads")
 	}
-	if _, err := Load(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := Load(context.Background(), filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
 		t.Error(err)
 	}
 }
@@ -154,7 +154,7 @@ func TestLoadModeSecretLink(t *testing.T) {
 	if err := os.Symlink(path, link); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Load(link); err != nil {
+	if _, err := Load(context.Background(), link); err != nil {
 		t.Errorf("symbolic link: %v", err)
 	}
 }
@@ -167,7 +167,7 @@ func TestFileRun(t *testing.T) {
 	one := `{"active": 1, "keys": {"1": "` + hex1 + `"}}`
 	both := `{"active": 2, "keys": {"1": "` + hex1 + `", "2": "` + hex2 + `"}}`
 	writeKeys(t, path, one, 0o600)
-	f, err := Open(path, quic.LBEncryptedDefaultNonceLen)
+	f, err := Open(context.Background(), path, quic.LBEncryptedDefaultNonceLen)
 	if err != nil || f.Loaded().Active != 1 {
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func TestFileRun(t *testing.T) {
 func TestFilePolls(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.json")
 	writeKeys(t, path, `{"active": 1, "keys": {"1": "`+hex1+`"}}`, 0o600)
-	f, err := Open(path, 0)
+	f, err := Open(context.Background(), path, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

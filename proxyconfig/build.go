@@ -39,6 +39,10 @@ type Options struct {
 	// KeysPoll is how often a cid_keys_file is checked for changes (0
 	// means 1 s).
 	KeysPoll time.Duration
+	// Context, when set, cancels the reads Build makes (the cid_keys_files,
+	// each also bounded by cidkeys.ReadTimeout), so that a signal stops a
+	// start-up stuck on a hung mount. nil means context.Background().
+	Context context.Context
 }
 
 // Errors of Validate and Build, wrapped with the service's name.
@@ -161,7 +165,11 @@ func (r *Registries) build(seed uint64, sc Service, o Options, log *slog.Logger)
 	}
 	var codec cidroute.CIDCodec
 	if e := sc.CIDEncryption; e != nil {
-		f, err := cidkeys.Open(e.KeysFile, e.NonceLen)
+		ctx := o.Context
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		f, err := cidkeys.Open(ctx, e.KeysFile, e.NonceLen)
 		if err != nil {
 			return nil, cidroute.Service{}, fmt.Errorf("cid_keys_file: %w", err)
 		}

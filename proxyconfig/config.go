@@ -453,7 +453,7 @@ func (c *Config) CheckFiles(ctx context.Context) error {
 			return fmt.Errorf("service %q: backends_file %s: %w", s.Name, s.BackendsFile, err)
 		}
 	}
-	return c.checkCIDKeyFiles()
+	return c.checkCIDKeyFiles(ctx)
 }
 
 // checkXDP validates the "xdp_interfaces" key: names of interfaces,

@@ -46,6 +46,7 @@ var hostileCases = []hostileCase{
 	{"a second instance does not join the port", 7, attackSecondInstance},
 	{"config key case, repeats and broadcast are refused", 9, attackConfigKeys},
 	{"a FIFO as backends_file blocks nothing", 10, attackFIFO},
+	{"a FIFO as cid_keys_file blocks nothing", 10, attackFIFOKeys},
 }
 
 func TestHostile(t *testing.T) {
@@ -467,4 +468,45 @@ func attackFIFO(t *testing.T, env *hostileEnv) {
 	require.Contains(t, p.logs.String(), "not a regular file")
 	// Traffic meets an empty registry and is counted.
 	require.False(t, echoes(t, svc, cidRecord(t, 0, 1)))
+}
+
+// 15.10, the key file's turn: a FIFO as cid_keys_file made -check and a
+// start wait for a writer (the open blocked) and ignore SIGTERM. Both now
+// refuse it at once, as for backends_file.
+func attackFIFOKeys(t *testing.T, env *hostileEnv) {
+	fifo := filepath.Join(env.dir, "keys.json")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	t.Cleanup(func() { // unblock a reader, should the test fail
+		if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+	})
+	body := fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "quic", "listen": "%v", "backends": %s,
+		"cid_codec": "quic-lb-encrypted", "cid_keys_file": "keys.json"}]}`, freeService(t), env.backendList(1))
+	code, out := env.check(t, body)
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "not a regular file")
+
+	path := env.write(t, "run.json", body)
+	cmd := exec.Command(env.bin, "-config", path)
+	var logs testtool.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		require.Error(t, err, "started on a FIFO key file:\n%s", logs.String())
+		require.Contains(t, logs.String(), "not a regular file")
+	case <-time.After(2 * time.Second):
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+			t.Fatalf("the start waited on the FIFO (it stopped at SIGTERM):\n%s", logs.String())
+		case <-time.After(2 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+			t.Fatalf("the start waited on the FIFO and ignored SIGTERM:\n%s", logs.String())
+		}
+	}
 }
