@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/cidroute/cidroute/internal/boundedread"
+	"github.com/cidroute/cidroute/internal/strictjson"
 	"github.com/cidroute/cidroute/quic"
 )
 
@@ -107,20 +108,18 @@ func read(ctx context.Context, g *boundedread.Guard, path string) ([]byte, error
 	return data, err
 }
 
-// Parse decodes a key file's content. Its errors name config IDs and JSON
-// offsets, never file content.
+// Parse decodes a key file's content strictly, as the proxy's
+// configuration is read (internal/strictjson): the keys are "active" and
+// "keys" exactly, and no key, config IDs included, appears twice (with
+// encoding/json a repeated config ID would silently replace the first
+// key). Its errors name config IDs and JSON offsets, never file content.
 func Parse(r io.Reader) (Set, error) {
 	var f struct {
 		Active *int                       `json:"active"`
 		Keys   map[string]json.RawMessage `json:"keys"`
 	}
-	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
+	if err := strictjson.Decode(r, &f); err != nil {
 		return Set{}, jsonError(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return Set{}, errors.New("cidkeys: data after the JSON object")
 	}
 	if len(f.Keys) == 0 {
 		return Set{}, errors.New(`cidkeys: "keys" is missing or empty`)
@@ -153,11 +152,28 @@ func Parse(r io.Reader) (Set, error) {
 }
 
 // jsonError rewords encoding/json's errors without quoting the input: a
-// syntax error message can show a character of a key.
+// syntax error message can show a character of a key, and a JSON name can
+// be key material pasted in the wrong place. Only names that are the
+// file's own (a field in another case, a config ID) are shown.
 func jsonError(err error) error {
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
+	var ke *strictjson.KeyError
 	switch {
+	case errors.As(err, &ke):
+		what := "unknown"
+		if errors.Is(ke.Err, strictjson.ErrRepeatedKey) {
+			what = "repeated"
+		}
+		switch {
+		case ke.Field != "":
+			return fmt.Errorf("cidkeys: unknown key %q (keys are lower case: %q)", ke.Key, ke.Field)
+		case ke.Key == "active" || ke.Key == "keys" || (len(ke.Key) == 1 && ke.Key[0] >= '0' && ke.Key[0] <= '9'):
+			return fmt.Errorf("cidkeys: %s key %q", what, ke.Key)
+		}
+		return fmt.Errorf("cidkeys: %s key at byte %d (known keys: \"active\", \"keys\")", what, ke.Offset)
+	case errors.Is(err, strictjson.ErrTrailingData):
+		return errors.New("cidkeys: data after the JSON object")
 	case errors.As(err, &se):
 		return fmt.Errorf("cidkeys: not valid JSON (at byte %d)", se.Offset)
 	case errors.As(err, &te):

@@ -76,6 +76,15 @@ func TestParse(t *testing.T) {
 		"unknown field":     `{"active": 1, "key": "` + hex2 + `", "keys": {"1": "` + hex1 + `"}}`,
 		"trailing data":     `{"active": 1, "keys": {"1": "` + hex1 + `"}} "` + hex2 + `"`,
 		"keys not a object": `{"active": 1, "keys": ["` + hex1 + `"]}`,
+		// Stricter than encoding/json (internal/strictjson): one name per
+		// key, exactly as documented, each once.
+		"repeated config": `{"active": 1, "keys": {"1": "` + hex1 + `", "1": "` + hex2 + `"}}`,
+		"repeated active": `{"active": 1, "active": 2, "keys": {"1": "` + hex1 + `", "2": "` + hex2 + `"}}`,
+		"repeated keys":   `{"active": 1, "keys": {"1": "` + hex1 + `"}, "keys": {"1": "` + hex2 + `"}}`,
+		"ACTIVE":          `{"ACTIVE": 1, "keys": {"1": "` + hex1 + `"}}`,
+		"Keys":            `{"active": 1, "Keys": {"1": "` + hex1 + `"}}`,
+		"a key as a name": `{"active": 1, "keys": {"1": "` + hex1 + `"}, "` + hex2 + `": 1}`,
+		"a key repeated":  `{"active": 1, "keys": {"1": "` + hex1 + `"}, "` + hex2 + `": 1, "` + hex2 + `": 1}`,
 	} {
 		_, err := Parse(strings.NewReader(body))
 		if err == nil {
@@ -84,6 +93,21 @@ func TestParse(t *testing.T) {
 		}
 		if leaks(err.Error()) {
 			t.Errorf("%s: the error shows key material: %v", name, err)
+		}
+	}
+}
+
+// TestParseStrictMessages: the strict decoder's errors name the key when
+// it is the file's own, the offset when it could be key material.
+func TestParseStrictMessages(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"active": 1, "keys": {"1": "` + hex1 + `", "1": "` + hex2 + `"}}`: `repeated key "1"`,
+		`{"ACTIVE": 1, "keys": {"1": "` + hex1 + `"}}`:                      `unknown key "ACTIVE" (keys are lower case: "active")`,
+		`{"active": 1, "keys": {"1": "` + hex1 + `"}, "` + hex2 + `": 1}`:   `unknown key at byte 99 (known keys: "active", "keys")`,
+	} {
+		_, err := Parse(strings.NewReader(body))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v, want %s", err, want)
 		}
 	}
 }
