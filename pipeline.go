@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cidroute/cidroute/internal/addr"
 	"github.com/cidroute/cidroute/udpio"
 )
 
@@ -153,11 +154,14 @@ func New(cfg Config) (*Pipeline, error) {
 	return p, nil
 }
 
-// validate checks sc and fills in its defaults (Workers).
+// validate checks sc and fills in its defaults (Workers). The listen
+// address is unmapped first: every check and the bind see ::ffff:a.b.c.d
+// as a.b.c.d, as the own-address set and the routers do.
 func (sc *Service) validate() error {
 	if err := sc.Limits.validate(); err != nil {
 		return err
 	}
+	sc.Listen = addr.Unmap(sc.Listen)
 	if sc.Workers == 0 {
 		sc.Workers = runtime.GOMAXPROCS(0)
 	}
@@ -170,6 +174,8 @@ func (sc *Service) validate() error {
 		return fmt.Errorf("max sessions %d, session idle %v (transparent mode only): %w", sc.MaxSessions, sc.SessionIdle, ErrConfig)
 	case !sc.Listen.IsValid():
 		return fmt.Errorf("listen address %v: %w", sc.Listen, ErrConfig)
+	case sc.Listen.Addr().IsMulticast() || sc.Listen.Addr() == limitedBroadcast:
+		return fmt.Errorf("listen address %v: not unicast or wildcard: %w", sc.Listen, ErrConfig)
 	}
 	if sc.SessionIdle == 0 {
 		sc.SessionIdle = DefaultSessionIdle
@@ -229,6 +235,7 @@ func sizeSessionsFor(svcs []Service, limit uint64, ok bool) error {
 
 func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 	rc := sc.RouterConfig
+	rc.PublicAddr = addr.Unmap(rc.PublicAddr) // as NewRouter sees it
 	if !rc.PublicAddr.IsValid() {
 		rc.PublicAddr = sc.Listen
 	}

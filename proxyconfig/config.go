@@ -234,10 +234,12 @@ func parseService(raw json.RawMessage) (Service, error) {
 	if s.Listen, err = netip.ParseAddrPort(fs.Listen); err != nil {
 		return fail("listen %q: want ip:port (IPv6 in brackets)", fs.Listen)
 	}
-	if s.Listen.Port() == 0 || s.Listen.Addr().IsMulticast() || s.Listen.Addr() == broadcast {
-		return fail("listen %v: want a unicast or wildcard address (not multicast or broadcast) and a non-zero port", s.Listen)
-	}
+	// Unmapped before it is checked: [::ffff:255.255.255.255] is the
+	// broadcast address too.
 	s.Listen = netip.AddrPortFrom(s.Listen.Addr().Unmap(), s.Listen.Port())
+	if s.Listen.Port() == 0 || s.Listen.Addr().IsMulticast() || s.Listen.Addr() == broadcast {
+		return fail("listen %v: want a unicast or wildcard address (not multicast or broadcast) and a non-zero port", fs.Listen)
+	}
 	s.CIDLen = fs.CIDLength
 	switch s.Protocol {
 	case cidroute.DTLS:

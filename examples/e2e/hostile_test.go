@@ -430,7 +430,7 @@ func attackSecondInstance(t *testing.T, env *hostileEnv) {
 }
 
 // 15.9: keys that encoding/json would take (another case, a repeat that
-// overrides the first) and a broadcast listen address.
+// overrides the first) and a broadcast listen address, also IPv4-mapped.
 func attackConfigKeys(t *testing.T, env *hostileEnv) {
 	svc := fmt.Sprintf(`{"name": "svc", "protocol": "dtls", "listen": "%v", "backends": %s}`, freeService(t), env.backendList(1))
 	for _, tc := range []struct{ body, want string }{
@@ -439,6 +439,7 @@ func attackConfigKeys(t *testing.T, env *hostileEnv) {
 		{`{"services": [` + svc[:len(svc)-1] + `, "Workers": 2}]}`, `unknown key "Workers"`},
 		{`{"services": [` + svc[:len(svc)-1] + `, "backends": []}]}`, `repeated key "backends"`},
 		{`{"services": [` + strings.Replace(svc, "127.0.0.1", "255.255.255.255", 1) + `]}`, "broadcast"},
+		{`{"services": [` + strings.Replace(svc, "127.0.0.1", "[::ffff:255.255.255.255]", 1) + `]}`, "broadcast"},
 	} {
 		code, out := env.check(t, tc.body)
 		require.Equal(t, 1, code, "accepted: %s", tc.body)
