@@ -295,6 +295,8 @@ func TestConfigErrorsWrapErrConfig(t *testing.T) {
 		"unroutable":            func(s *Service) { s.Unroutable = 9 },
 		"cid length":            func(s *Service) { s.CIDLen = 300 },
 		"idle, not transparent": func(s *Service) { s.SessionIdle = time.Second },
+		"session idle 3ns":      func(s *Service) { s.Transparent, s.SessionIdle = true, 3 },
+		"session idle 999ms":    func(s *Service) { s.Transparent, s.SessionIdle = true, time.Second-time.Millisecond },
 		"multicast listen":      func(s *Service) { s.Listen = netip.MustParseAddrPort("224.0.0.1:5684") },
 		"broadcast listen":      func(s *Service) { s.Listen = netip.MustParseAddrPort("255.255.255.255:5684") },
 		"mapped broadcast":      func(s *Service) { s.Listen = netip.MustParseAddrPort("[::ffff:255.255.255.255]:5684") },

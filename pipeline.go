@@ -56,7 +56,7 @@ type Service struct {
 	// DefaultMaxSessions; New refuses a value that does not fit.
 	MaxSessions int
 	// SessionIdle is how long a transparent session lives without traffic
-	// (0 = DefaultSessionIdle, 2 minutes).
+	// (0 = DefaultSessionIdle, 2 minutes; at least MinSessionIdle).
 	SessionIdle time.Duration
 }
 
@@ -172,6 +172,8 @@ func (sc *Service) validate() error {
 		return fmt.Errorf("buffer sizes %d/%d: %w", sc.RecvBuffer, sc.SendBuffer, ErrConfig)
 	case sc.MaxSessions < 0 || sc.SessionIdle < 0 || (!sc.Transparent && (sc.MaxSessions != 0 || sc.SessionIdle != 0)):
 		return fmt.Errorf("max sessions %d, session idle %v (transparent mode only): %w", sc.MaxSessions, sc.SessionIdle, ErrConfig)
+	case sc.SessionIdle != 0 && sc.SessionIdle < MinSessionIdle:
+		return fmt.Errorf("session idle %v: want 0 (default %v) or at least %v: %w", sc.SessionIdle, DefaultSessionIdle, MinSessionIdle, ErrConfig)
 	case !sc.Listen.IsValid():
 		return fmt.Errorf("listen address %v: %w", sc.Listen, ErrConfig)
 	case sc.Listen.Addr().IsMulticast() || sc.Listen.Addr() == limitedBroadcast:

@@ -89,6 +89,9 @@ func Load(ctx context.Context, path string) (Set, error) {
 	return Parse(bytes.NewReader(data))
 }
 
+// MinInterval is the shortest polling period File.Run uses.
+const MinInterval = time.Millisecond
+
 // ReadTimeout bounds one read of a key file, which takes microseconds
 // unless its file system hangs.
 const ReadTimeout = 5 * time.Second
@@ -192,7 +195,7 @@ func jsonError(err error) error {
 // Kubernetes Secret volume does.
 type File struct {
 	Path     string
-	Interval time.Duration // 0 means 1s; set before Run
+	Interval time.Duration // 0 means 1s, at least MinInterval; set before Run
 	Logger   *slog.Logger  // nil means slog.Default(); set before Run
 
 	codec *quic.LBEncrypted
@@ -255,6 +258,7 @@ func (f *File) Run(ctx context.Context) {
 	if interval <= 0 {
 		interval = time.Second
 	}
+	interval = max(interval, MinInterval) // a tiny period would spin
 	log := f.Logger
 	if log == nil {
 		log = slog.Default()

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -277,5 +278,28 @@ func TestFilePolls(t *testing.T) {
 			t.Fatal("change not picked up")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestFileIntervalBound: a tiny Interval is raised to MinInterval instead
+// of spinning a CPU on reads of the file.
+func TestFileIntervalBound(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.json")
+	writeKeys(t, path, `{"active": 1, "keys": {"1": "`+hex1+`"}}`, 0o600)
+	f, err := Open(context.Background(), path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var polls atomic.Int64
+	f.Interval, f.Logger, f.polled = time.Nanosecond, slog.New(slog.DiscardHandler), func() { polls.Add(1) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.Run(ctx); close(done) }()
+	const run = 200 * time.Millisecond
+	time.Sleep(run)
+	cancel()
+	<-done
+	if n := polls.Load(); n > int64(run/MinInterval)+10 {
+		t.Fatalf("%d polls in %v with Interval 1ns", n, run)
 	}
 }

@@ -117,10 +117,9 @@ const maxWorkers = 256 // cidroute.Pipeline's limit
 
 // Lower bounds of the duration keys, checked by -check as by a start.
 const (
-	// A transparent session that expires faster than a client's pause
-	// between datagrams is no session, and each expiry and re-creation
-	// costs a socket: 1 s is far below any DTLS or QUIC idle timeout.
-	minSessionIdle = time.Second
+	// The library's bound (see cidroute.MinSessionIdle), checked here
+	// too so that -check, which opens no socket, says so.
+	minSessionIdle = cidroute.MinSessionIdle
 	// The file source confirms once per 1 s poll; a limit of fewer than
 	// three polls turns a healthy registry stale at the first slow one and
 	// makes it flap (4ns spun a CPU and logged 33,000 lines in 4 s).
