@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cidroute/cidroute/internal/addr"
+	"github.com/cidroute/cidroute/registry"
 	"github.com/cidroute/cidroute/udpio"
 )
 
@@ -330,21 +331,44 @@ func (p *Pipeline) refreshOwn() {
 	p.own.Store(NewOwnAddrs(p.bound, host))
 }
 
-// checkBackends refuses a backend that is one of the pipeline's own
-// addresses or a service's public address: the forward rule would drop
-// all its datagrams (OwnAddress), and the configuration can only be
-// wrong.
+// checkBackends applies CheckBackends to the pipeline's services, with
+// the ports the kernel picked and every socket it bound.
 func (p *Pipeline) checkBackends() error {
-	own := p.own.Load()
-	for _, s := range p.services {
-		for _, b := range s.router.backends.Snapshot().Backends() {
-			for _, t := range p.services {
-				if b.Addr == t.router.public {
-					return fmt.Errorf("service %s: backend %d at %v is the public address of service %s: %w", s.cfg.Name, b.Ordinal, b.Addr, t.cfg.Name, ErrConfig)
-				}
+	svcs := make([]Service, len(p.services))
+	for i, s := range p.services {
+		svcs[i] = s.cfg
+		svcs[i].PublicAddr = s.router.public
+	}
+	return CheckBackends(svcs, p.own.Load(), func(i int) []registry.Backend {
+		return p.services[i].router.backends.Snapshot().Backends()
+	})
+}
+
+// CheckBackends refuses a backend that is a service's public address
+// (PublicAddr, or Listen when that is zero) or one of own's addresses: the
+// forward rule would drop every datagram to it (OwnAddress), so the
+// configuration can only be wrong. backends(i) lists the backends of
+// svcs[i]. New applies it once the sockets are bound; a configuration
+// check that opens no socket (cidproxy -check) applies it to the listen
+// addresses, own being NewOwnAddrs(listens, LocalAddrs()). The error
+// wraps ErrConfig.
+func CheckBackends(svcs []Service, own *OwnAddrs, backends func(i int) []registry.Backend) error {
+	public := func(sc *Service) netip.AddrPort {
+		if sc.PublicAddr.IsValid() {
+			return addr.Unmap(sc.PublicAddr)
+		}
+		return addr.Unmap(sc.Listen)
+	}
+	for i := range svcs {
+		for _, b := range backends(i) {
+			a := addr.Unmap(b.Addr)
+			if own.Contains(a) {
+				return fmt.Errorf("service %s: backend %d at %v is one of the proxy's own addresses: %w", svcs[i].Name, b.Ordinal, a, ErrConfig)
 			}
-			if own.Contains(b.Addr) {
-				return fmt.Errorf("service %s: backend %d at %v is one of the proxy's own addresses: %w", s.cfg.Name, b.Ordinal, b.Addr, ErrConfig)
+			for j := range svcs {
+				if a == public(&svcs[j]) {
+					return fmt.Errorf("service %s: backend %d at %v is the public address of service %s: %w", svcs[i].Name, b.Ordinal, a, svcs[j].Name, ErrConfig)
+				}
 			}
 		}
 	}

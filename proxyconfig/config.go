@@ -440,9 +440,11 @@ func (c *Config) Summary() string {
 // CheckFiles reads every backends_file and cid_keys_file once, for
 // cidproxy -check: at run time a bad file is logged and retried, but a
 // check should say so. The read is bounded as the file source's is, and
-// the list validated by the same decoder.
+// the list validated by the same decoder and refused at an own address
+// as Validate refuses an inline one.
 func (c *Config) CheckFiles(ctx context.Context) error {
-	for _, s := range c.Services {
+	lists := make([][]registry.Backend, len(c.Services))
+	for i, s := range c.Services {
 		if s.BackendsFile == "" {
 			continue
 		}
@@ -450,9 +452,12 @@ func (c *Config) CheckFiles(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("service %q: backends_file: %w", s.Name, err)
 		}
-		if _, err := registry.DecodeBackends(bytes.NewReader(data)); err != nil {
+		if lists[i], err = registry.DecodeBackends(bytes.NewReader(data)); err != nil {
 			return fmt.Errorf("service %q: backends_file %s: %w", s.Name, s.BackendsFile, err)
 		}
+	}
+	if err := c.checkOwnBackends(func(i int) []registry.Backend { return lists[i] }); err != nil {
+		return fmt.Errorf("backends_file: %w", err)
 	}
 	return c.checkCIDKeyFiles(ctx)
 }
