@@ -426,22 +426,16 @@ func addrHome(ip [16]byte, port uint16) uint32 {
 }
 
 // refreshLocals writes the host's addresses, which the reverse path must
-// not relay to and the forward path serves on wildcard services.
+// not relay to and the forward path serves on wildcard services: the set
+// the pipeline's own addresses are built from (cidroute.LocalAddrs, with
+// the subnets' broadcast addresses), so that both rules see one host.
 func (p *Program) refreshLocals() error {
-	addrs, err := net.InterfaceAddrs()
+	addrs, err := cidroute.LocalAddrs()
 	if err != nil {
 		return fmt.Errorf("xdp: host addresses: %w", err)
 	}
 	now := map[[16]byte]bool{}
-	for _, a := range addrs {
-		n, ok := a.(*net.IPNet)
-		if !ok {
-			continue
-		}
-		ip, ok := netip.AddrFromSlice(n.IP)
-		if !ok {
-			continue
-		}
+	for _, ip := range addrs {
 		now[ip.Unmap().As16()] = true
 	}
 	var errs []error
