@@ -295,6 +295,11 @@ func TestConfigErrorsWrapErrConfig(t *testing.T) {
 		"unroutable":            func(s *Service) { s.Unroutable = 9 },
 		"cid length":            func(s *Service) { s.CIDLen = 300 },
 		"idle, not transparent": func(s *Service) { s.SessionIdle = time.Second },
+		"session idle 3ns":      func(s *Service) { s.Transparent, s.SessionIdle = true, 3 },
+		"session idle 999ms":    func(s *Service) { s.Transparent, s.SessionIdle = true, time.Second-time.Millisecond },
+		"multicast listen":      func(s *Service) { s.Listen = netip.MustParseAddrPort("224.0.0.1:5684") },
+		"broadcast listen":      func(s *Service) { s.Listen = netip.MustParseAddrPort("255.255.255.255:5684") },
+		"mapped broadcast":      func(s *Service) { s.Listen = netip.MustParseAddrPort("[::ffff:255.255.255.255]:5684") },
 	} {
 		s := Service{Name: "s", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
 			RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg}}
@@ -304,5 +309,12 @@ func TestConfigErrorsWrapErrConfig(t *testing.T) {
 	}
 	_, err := New(Config{Logger: quietLog, BatchSize: 5000, Services: []Service{{Name: "s"}}})
 	assert.ErrorIs(t, err, ErrConfig)
+	// An IPv4-mapped listen address is its IPv4 form, as everywhere else.
+	p, err := New(Config{Logger: quietLog, Services: []Service{{Name: "s", Listen: netip.MustParseAddrPort("[::ffff:127.0.0.1]:0"), Workers: 1,
+		RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg}}}})
+	require.NoError(t, err)
+	l, _ := p.Addr("s")
+	assert.Equal(t, netip.MustParseAddr("127.0.0.1"), l.Addr())
+	require.NoError(t, p.Close())
 	assert.True(t, errors.Is(configErr(udpio.ErrConfig), ErrConfig))
 }

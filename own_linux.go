@@ -42,6 +42,10 @@ func watchHostAddrs(stop <-chan struct{}, changed func()) {
 		f.Close()
 	}()
 	defer close(done)
+	// An address that came or went between the caller's last scan (New)
+	// and the bind above notified nobody: scan once now that nothing is
+	// missed.
+	changed()
 	buf := make([]byte, 1<<16)
 	for {
 		_, err := f.Read(buf)

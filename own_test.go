@@ -83,21 +83,27 @@ func TestOwnAddrsTrackHost(t *testing.T) {
 		require.Contains(t, string(out), "--- PASS: TestOwnAddrsTrackHost")
 		return
 	}
-	reg := newRegistry(t, 1)
-	p, err := New(Config{Logger: quietLog, Services: []Service{{Name: "w", Listen: netip.MustParseAddrPort("0.0.0.0:0"), Workers: 1,
-		RouterConfig: RouterConfig{Protocol: DTLS, PublicAddr: netip.MustParseAddrPort("127.0.0.1:0"), Backends: reg}}}})
-	require.NoError(t, err)
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(context.Background()) }()
-	defer func() { require.NoError(t, p.Close()); require.NoError(t, <-errc) }()
-	l, _ := p.Addr("w")
-	gained := netip.AddrPortFrom(netip.MustParseAddr("10.77.0.1"), l.Port())
-	require.False(t, p.OwnAddrs().Contains(gained))
-	time.Sleep(100 * time.Millisecond) // Run has subscribed
 	ip := func(args ...string) {
 		out, err := exec.Command("ip", args...).CombinedOutput()
 		require.NoError(t, err, "ip %v: %s", args, out)
 	}
+	reg := newRegistry(t, 1)
+	p, err := New(Config{Logger: quietLog, Services: []Service{{Name: "w", Listen: netip.MustParseAddrPort("0.0.0.0:0"), Workers: 1,
+		RouterConfig: RouterConfig{Protocol: DTLS, PublicAddr: netip.MustParseAddrPort("127.0.0.1:0"), Backends: reg}}}})
+	require.NoError(t, err)
+	l, _ := p.Addr("w")
+	// An address gained between New's scan and Run's subscription sends
+	// its notification to nobody: Run rescans once it has subscribed.
+	early := netip.AddrPortFrom(netip.MustParseAddr("10.78.0.1"), l.Port())
+	ip("addr", "add", "10.78.0.1/24", "dev", "lo")
+	require.False(t, p.OwnAddrs().Contains(early))
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(context.Background()) }()
+	defer func() { require.NoError(t, p.Close()); require.NoError(t, <-errc) }()
+	require.Eventually(t, func() bool { return p.OwnAddrs().Contains(early) }, time.Second, time.Millisecond,
+		"an address added before Run is in the set once Run has subscribed")
+	gained := netip.AddrPortFrom(netip.MustParseAddr("10.77.0.1"), l.Port())
+	require.False(t, p.OwnAddrs().Contains(gained))
 	start := time.Now()
 	ip("addr", "add", "10.77.0.1/24", "dev", "lo")
 	require.Eventually(t, func() bool { return p.OwnAddrs().Contains(gained) }, time.Second, time.Millisecond,

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cidroute/cidroute/internal/addr"
+	"github.com/cidroute/cidroute/registry"
 	"github.com/cidroute/cidroute/udpio"
 )
 
@@ -55,7 +57,7 @@ type Service struct {
 	// DefaultMaxSessions; New refuses a value that does not fit.
 	MaxSessions int
 	// SessionIdle is how long a transparent session lives without traffic
-	// (0 = DefaultSessionIdle, 2 minutes).
+	// (0 = DefaultSessionIdle, 2 minutes; at least MinSessionIdle).
 	SessionIdle time.Duration
 }
 
@@ -158,11 +160,14 @@ func New(cfg Config) (*Pipeline, error) {
 	return p, nil
 }
 
-// validate checks sc and fills in its defaults (Workers).
+// validate checks sc and fills in its defaults (Workers). The listen
+// address is unmapped first: every check and the bind see ::ffff:a.b.c.d
+// as a.b.c.d, as the own-address set and the routers do.
 func (sc *Service) validate() error {
 	if err := sc.Limits.validate(); err != nil {
 		return err
 	}
+	sc.Listen = addr.Unmap(sc.Listen)
 	if sc.Workers == 0 {
 		sc.Workers = runtime.GOMAXPROCS(0)
 	}
@@ -173,8 +178,12 @@ func (sc *Service) validate() error {
 		return fmt.Errorf("buffer sizes %d/%d: %w", sc.RecvBuffer, sc.SendBuffer, ErrConfig)
 	case sc.MaxSessions < 0 || sc.SessionIdle < 0 || (!sc.Transparent && (sc.MaxSessions != 0 || sc.SessionIdle != 0)):
 		return fmt.Errorf("max sessions %d, session idle %v (transparent mode only): %w", sc.MaxSessions, sc.SessionIdle, ErrConfig)
+	case sc.SessionIdle != 0 && sc.SessionIdle < MinSessionIdle:
+		return fmt.Errorf("session idle %v: want 0 (default %v) or at least %v: %w", sc.SessionIdle, DefaultSessionIdle, MinSessionIdle, ErrConfig)
 	case !sc.Listen.IsValid():
 		return fmt.Errorf("listen address %v: %w", sc.Listen, ErrConfig)
+	case sc.Listen.Addr().IsMulticast() || sc.Listen.Addr() == limitedBroadcast:
+		return fmt.Errorf("listen address %v: not unicast or wildcard: %w", sc.Listen, ErrConfig)
 	}
 	if sc.SessionIdle == 0 {
 		sc.SessionIdle = DefaultSessionIdle
@@ -234,6 +243,7 @@ func sizeSessionsFor(svcs []Service, limit uint64, ok bool) error {
 
 func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 	rc := sc.RouterConfig
+	rc.PublicAddr = addr.Unmap(rc.PublicAddr) // as NewRouter sees it
 	if !rc.PublicAddr.IsValid() {
 		rc.PublicAddr = sc.Listen
 	}
@@ -357,21 +367,44 @@ func (p *Pipeline) refreshOwn() {
 	p.own.Store(NewOwnAddrs(p.bound, host))
 }
 
-// checkBackends refuses a backend that is one of the pipeline's own
-// addresses or a service's public address: the forward rule would drop
-// all its datagrams (OwnAddress), and the configuration can only be
-// wrong.
+// checkBackends applies CheckBackends to the pipeline's services, with
+// the ports the kernel picked and every socket it bound.
 func (p *Pipeline) checkBackends() error {
-	own := p.own.Load()
-	for _, s := range p.services {
-		for _, b := range s.router.backends.Snapshot().Backends() {
-			for _, t := range p.services {
-				if b.Addr == t.router.public {
-					return fmt.Errorf("service %s: backend %d at %v is the public address of service %s: %w", s.cfg.Name, b.Ordinal, b.Addr, t.cfg.Name, ErrConfig)
-				}
+	svcs := make([]Service, len(p.services))
+	for i, s := range p.services {
+		svcs[i] = s.cfg
+		svcs[i].PublicAddr = s.router.public
+	}
+	return CheckBackends(svcs, p.own.Load(), func(i int) []registry.Backend {
+		return p.services[i].router.backends.Snapshot().Backends()
+	})
+}
+
+// CheckBackends refuses a backend that is a service's public address
+// (PublicAddr, or Listen when that is zero) or one of own's addresses: the
+// forward rule would drop every datagram to it (OwnAddress), so the
+// configuration can only be wrong. backends(i) lists the backends of
+// svcs[i]. New applies it once the sockets are bound; a configuration
+// check that opens no socket (cidproxy -check) applies it to the listen
+// addresses, own being NewOwnAddrs(listens, LocalAddrs()). The error
+// wraps ErrConfig.
+func CheckBackends(svcs []Service, own *OwnAddrs, backends func(i int) []registry.Backend) error {
+	public := func(sc *Service) netip.AddrPort {
+		if sc.PublicAddr.IsValid() {
+			return addr.Unmap(sc.PublicAddr)
+		}
+		return addr.Unmap(sc.Listen)
+	}
+	for i := range svcs {
+		for _, b := range backends(i) {
+			a := addr.Unmap(b.Addr)
+			if own.Contains(a) {
+				return fmt.Errorf("service %s: backend %d at %v is one of the proxy's own addresses: %w", svcs[i].Name, b.Ordinal, a, ErrConfig)
 			}
-			if own.Contains(b.Addr) {
-				return fmt.Errorf("service %s: backend %d at %v is one of the proxy's own addresses: %w", s.cfg.Name, b.Ordinal, b.Addr, ErrConfig)
+			for j := range svcs {
+				if a == public(&svcs[j]) {
+					return fmt.Errorf("service %s: backend %d at %v is the public address of service %s: %w", svcs[i].Name, b.Ordinal, a, svcs[j].Name, ErrConfig)
+				}
 			}
 		}
 	}

@@ -308,8 +308,9 @@ func (r *Router) View(own *OwnAddrs) View {
 type Decision struct {
 	// Reason is Forwarded, or why the datagram is dropped.
 	Reason Reason
-	// Backend is where the datagram goes (when forwarded), and Ordinal the
-	// backend's ordinal.
+	// Backend is where the datagram goes (when forwarded), or the backend
+	// refused as one of the proxy's own addresses (OwnAddress), and
+	// Ordinal the backend's ordinal; zero otherwise.
 	Backend netip.AddrPort
 	Ordinal uint8
 	// Class is the classifier's verdict (zero when Malformed).
@@ -360,6 +361,7 @@ func (r *Router) forward(d *Decision, hdr, b []byte, client netip.AddrPort, loca
 	be, reason := r.decide(v.Snapshot, v.Stale, &d.Class, client)
 	if reason == Forwarded && (be.Addr == r.public || v.Own.Contains(be.Addr)) {
 		reason = OwnAddress
+		d.Backend, d.Ordinal = be.Addr, be.Ordinal // which backend, for the caller's log
 	}
 	if reason != Forwarded {
 		d.Reason = reason

@@ -413,6 +413,7 @@ func TestForwardGuards(t *testing.T) {
 	for ord, want := range []Reason{Forwarded, OwnAddress, OwnAddress} {
 		d, _ := r.Forward(nil, dtlsCIDRecord(ordinalCID(t, r.Codec(), uint8(ord)), 1, []byte("x")), client1, netip.Addr{}, &v)
 		assert.Equal(t, want, d.Reason, "ordinal %d", ord)
+		assert.Equal(t, reg.Snapshot().Backends()[ord].Addr, d.Backend, "the backend, refused or not")
 	}
 
 	// A ClientHello behind a live CID record is routed by the CID and

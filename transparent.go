@@ -39,6 +39,12 @@ const (
 	// default is smaller when RLIMIT_NOFILE is (see Service.MaxSessions).
 	DefaultMaxSessions = 65536
 	DefaultSessionIdle = 2 * time.Minute
+	// MinSessionIdle is the shortest SessionIdle New accepts: a session
+	// that expires faster than a client's pause between datagrams is no
+	// session, each expiry and re-creation costs a socket, and the expiry
+	// ticker runs at a quarter of it (3ns made that 0 and panicked). 1 s is
+	// far below any DTLS or QUIC idle timeout.
+	MinSessionIdle = time.Second
 )
 
 // A session costs one socket (fd), one relay goroutine and its receive

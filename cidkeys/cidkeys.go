@@ -35,6 +35,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cidroute/cidroute/internal/boundedread"
+	"github.com/cidroute/cidroute/internal/strictjson"
 	"github.com/cidroute/cidroute/quic"
 )
 
@@ -74,55 +76,53 @@ func (s Set) ConfigIDs() []uint8 {
 
 // Load reads the key file at path: it must be a regular file (symbolic
 // links are followed, as Kubernetes Secret volumes need) of mode 0600 or
-// 0400 (see the package documentation for root-owned files).
-func Load(path string) (Set, error) {
-	data, err := read(path)
+// 0400 (see the package documentation for root-owned files). The read is
+// bounded (internal/boundedread): a FIFO or a device is refused without
+// waiting for a writer, and a read that takes longer than ReadTimeout or
+// outlives ctx is abandoned.
+func Load(ctx context.Context, path string) (Set, error) {
+	var g boundedread.Guard
+	data, err := read(ctx, &g, path)
 	if err != nil {
 		return Set{}, err
 	}
 	return Parse(bytes.NewReader(data))
 }
 
-func read(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
+// MinInterval is the shortest polling period File.Run uses.
+const MinInterval = time.Millisecond
+
+// ReadTimeout bounds one read of a key file, which takes microseconds
+// unless its file system hangs.
+const ReadTimeout = 5 * time.Second
+
+func read(ctx context.Context, g *boundedread.Guard, path string) ([]byte, error) {
+	data, err := g.Do(ctx, ReadTimeout, func() ([]byte, error) {
+		return boundedread.RegularFunc(path, maxFileSize, func(st fs.FileInfo) error {
+			if err := checkMode(st.Mode().Perm(), fileOwner(st), os.Getuid()); err != nil {
+				return fmt.Errorf("%s has %w", path, err)
+			}
+			return nil
+		})
+	})
+	if errors.Is(err, boundedread.ErrTimeout) || errors.Is(err, boundedread.ErrBlocked) {
+		err = fmt.Errorf("%s: %w", path, err) // the others name it
 	}
-	defer f.Close()
-	st, err := f.Stat() // the opened file, not a name that may change meanwhile
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("cidkeys: %s is not a regular file", path)
-	}
-	if err := checkMode(st.Mode().Perm(), fileOwner(st), os.Getuid()); err != nil {
-		return nil, fmt.Errorf("%s has %w", path, err)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxFileSize {
-		return nil, fmt.Errorf("cidkeys: %s is larger than %d bytes", path, maxFileSize)
-	}
-	return data, nil
+	return data, err
 }
 
-// Parse decodes a key file's content. Its errors name config IDs and JSON
-// offsets, never file content.
+// Parse decodes a key file's content strictly, as the proxy's
+// configuration is read (internal/strictjson): the keys are "active" and
+// "keys" exactly, and no key, config IDs included, appears twice (with
+// encoding/json a repeated config ID would silently replace the first
+// key). Its errors name config IDs and JSON offsets, never file content.
 func Parse(r io.Reader) (Set, error) {
 	var f struct {
 		Active *int                       `json:"active"`
 		Keys   map[string]json.RawMessage `json:"keys"`
 	}
-	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
+	if err := strictjson.Decode(r, &f); err != nil {
 		return Set{}, jsonError(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return Set{}, errors.New("cidkeys: data after the JSON object")
 	}
 	if len(f.Keys) == 0 {
 		return Set{}, errors.New(`cidkeys: "keys" is missing or empty`)
@@ -155,11 +155,28 @@ func Parse(r io.Reader) (Set, error) {
 }
 
 // jsonError rewords encoding/json's errors without quoting the input: a
-// syntax error message can show a character of a key.
+// syntax error message can show a character of a key, and a JSON name can
+// be key material pasted in the wrong place. Only names that are the
+// file's own (a field in another case, a config ID) are shown.
 func jsonError(err error) error {
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
+	var ke *strictjson.KeyError
 	switch {
+	case errors.As(err, &ke):
+		what := "unknown"
+		if errors.Is(ke.Err, strictjson.ErrRepeatedKey) {
+			what = "repeated"
+		}
+		switch {
+		case ke.Field != "":
+			return fmt.Errorf("cidkeys: unknown key %q (keys are lower case: %q)", ke.Key, ke.Field)
+		case ke.Key == "active" || ke.Key == "keys" || (len(ke.Key) == 1 && ke.Key[0] >= '0' && ke.Key[0] <= '9'):
+			return fmt.Errorf("cidkeys: %s key %q", what, ke.Key)
+		}
+		return fmt.Errorf("cidkeys: %s key at byte %d (known keys: \"active\", \"keys\")", what, ke.Offset)
+	case errors.Is(err, strictjson.ErrTrailingData):
+		return errors.New("cidkeys: data after the JSON object")
 	case errors.As(err, &se):
 		return fmt.Errorf("cidkeys: not valid JSON (at byte %d)", se.Offset)
 	case errors.As(err, &te):
@@ -178,7 +195,7 @@ func jsonError(err error) error {
 // Kubernetes Secret volume does.
 type File struct {
 	Path     string
-	Interval time.Duration // 0 means 1s; set before Run
+	Interval time.Duration // 0 means 1s, at least MinInterval; set before Run
 	Logger   *slog.Logger  // nil means slog.Default(); set before Run
 
 	codec *quic.LBEncrypted
@@ -191,15 +208,17 @@ type File struct {
 	lastOK  bool
 	lastErr string
 
+	guard  boundedread.Guard // Run's reads: a stuck one blocks the next
 	once   sync.Once
 	reload chan struct{}
 	polled func() // tests: called after every poll
 }
 
-// Open reads the key file at path and returns it with a new encrypted
-// codec of nonceLen-octet nonces holding its keys.
-func Open(path string, nonceLen int) (*File, error) {
-	data, err := read(path)
+// Open reads the key file at path, as Load does, and returns it with a new
+// encrypted codec of nonceLen-octet nonces holding its keys.
+func Open(ctx context.Context, path string, nonceLen int) (*File, error) {
+	var g boundedread.Guard
+	data, err := read(ctx, &g, path)
 	if err != nil {
 		return nil, err
 	}
@@ -239,6 +258,7 @@ func (f *File) Run(ctx context.Context) {
 	if interval <= 0 {
 		interval = time.Second
 	}
+	interval = max(interval, MinInterval) // a tiny period would spin
 	log := f.Logger
 	if log == nil {
 		log = slog.Default()
@@ -251,9 +271,9 @@ func (f *File) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			f.poll(false, log)
+			f.poll(ctx, false, log)
 		case <-f.reload:
-			f.poll(true, log)
+			f.poll(ctx, true, log)
 		}
 		if f.polled != nil {
 			f.polled()
@@ -261,8 +281,11 @@ func (f *File) Run(ctx context.Context) {
 	}
 }
 
-func (f *File) poll(forced bool, log *slog.Logger) {
-	data, err := read(f.Path)
+func (f *File) poll(ctx context.Context, forced bool, log *slog.Logger) {
+	data, err := read(ctx, &f.guard, f.Path)
+	if ctx.Err() != nil {
+		return // stopping: an abandoned read is no failure of the file
+	}
 	if err == nil {
 		sum := sha256.Sum256(data)
 		if sum == f.last && !forced {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,6 +77,15 @@ func TestParse(t *testing.T) {
 		"unknown field":     `{"active": 1, "key": "` + hex2 + `", "keys": {"1": "` + hex1 + `"}}`,
 		"trailing data":     `{"active": 1, "keys": {"1": "` + hex1 + `"}} "` + hex2 + `"`,
 		"keys not a object": `{"active": 1, "keys": ["` + hex1 + `"]}`,
+		// Stricter than encoding/json (internal/strictjson): one name per
+		// key, exactly as documented, each once.
+		"repeated config": `{"active": 1, "keys": {"1": "` + hex1 + `", "1": "` + hex2 + `"}}`,
+		"repeated active": `{"active": 1, "active": 2, "keys": {"1": "` + hex1 + `", "2": "` + hex2 + `"}}`,
+		"repeated keys":   `{"active": 1, "keys": {"1": "` + hex1 + `"}, "keys": {"1": "` + hex2 + `"}}`,
+		"ACTIVE":          `{"ACTIVE": 1, "keys": {"1": "` + hex1 + `"}}`,
+		"Keys":            `{"active": 1, "Keys": {"1": "` + hex1 + `"}}`,
+		"a key as a name": `{"active": 1, "keys": {"1": "` + hex1 + `"}, "` + hex2 + `": 1}`,
+		"a key repeated":  `{"active": 1, "keys": {"1": "` + hex1 + `"}, "` + hex2 + `": 1, "` + hex2 + `": 1}`,
 	} {
 		_, err := Parse(strings.NewReader(body))
 		if err == nil {
@@ -88,27 +98,42 @@ func TestParse(t *testing.T) {
 	}
 }
 
+// TestParseStrictMessages: the strict decoder's errors name the key when
+// it is the file's own, the offset when it could be key material.
+func TestParseStrictMessages(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"active": 1, "keys": {"1": "` + hex1 + `", "1": "` + hex2 + `"}}`: `repeated key "1"`,
+		`{"ACTIVE": 1, "keys": {"1": "` + hex1 + `"}}`:                      `unknown key "ACTIVE" (keys are lower case: "active")`,
+		`{"active": 1, "keys": {"1": "` + hex1 + `"}, "` + hex2 + `": 1}`:   `unknown key at byte 99 (known keys: "active", "keys")`,
+	} {
+		_, err := Parse(strings.NewReader(body))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v, want %s", err, want)
+		}
+	}
+}
+
 func TestLoadMode(t *testing.T) {
 	dir := t.TempDir()
 	body := `{"active": 1, "keys": {"1": "` + hex1 + `"}}`
 	path := filepath.Join(dir, "keys.json")
 	for _, mode := range []os.FileMode{0o600, 0o400} {
 		writeKeys(t, path, body, mode)
-		if _, err := Load(path); err != nil {
+		if _, err := Load(context.Background(), path); err != nil {
 			t.Errorf("mode %04o: %v", mode, err)
 		}
 	}
 	for _, mode := range []os.FileMode{0o644, 0o640, 0o604, 0o660, 0o602, 0o610} {
 		writeKeys(t, path, body, mode)
-		_, err := Load(path)
+		_, err := Load(context.Background(), path)
 		if !errors.Is(err, ErrMode) || !strings.Contains(err.Error(), "chmod 600") || leaks(err.Error()) {
 			t.Errorf("mode %04o: %v", mode, err)
 		}
 	}
-	if _, err := Load(dir); err == nil {
+	if _, err := Load(context.Background(), dir); err == nil {
 		t.Error("a directory loads")
 	}
-	if _, err := Load(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := Load(context.Background(), filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
 		t.Error(err)
 	}
 }
@@ -154,7 +179,7 @@ func TestLoadModeSecretLink(t *testing.T) {
 	if err := os.Symlink(path, link); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Load(link); err != nil {
+	if _, err := Load(context.Background(), link); err != nil {
 		t.Errorf("symbolic link: %v", err)
 	}
 }
@@ -167,7 +192,7 @@ func TestFileRun(t *testing.T) {
 	one := `{"active": 1, "keys": {"1": "` + hex1 + `"}}`
 	both := `{"active": 2, "keys": {"1": "` + hex1 + `", "2": "` + hex2 + `"}}`
 	writeKeys(t, path, one, 0o600)
-	f, err := Open(path, quic.LBEncryptedDefaultNonceLen)
+	f, err := Open(context.Background(), path, quic.LBEncryptedDefaultNonceLen)
 	if err != nil || f.Loaded().Active != 1 {
 		t.Fatal(err)
 	}
@@ -236,7 +261,7 @@ func TestFileRun(t *testing.T) {
 func TestFilePolls(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.json")
 	writeKeys(t, path, `{"active": 1, "keys": {"1": "`+hex1+`"}}`, 0o600)
-	f, err := Open(path, 0)
+	f, err := Open(context.Background(), path, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,5 +278,28 @@ func TestFilePolls(t *testing.T) {
 			t.Fatal("change not picked up")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestFileIntervalBound: a tiny Interval is raised to MinInterval instead
+// of spinning a CPU on reads of the file.
+func TestFileIntervalBound(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.json")
+	writeKeys(t, path, `{"active": 1, "keys": {"1": "`+hex1+`"}}`, 0o600)
+	f, err := Open(context.Background(), path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var polls atomic.Int64
+	f.Interval, f.Logger, f.polled = time.Nanosecond, slog.New(slog.DiscardHandler), func() { polls.Add(1) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.Run(ctx); close(done) }()
+	const run = 200 * time.Millisecond
+	time.Sleep(run)
+	cancel()
+	<-done
+	if n := polls.Load(); n > int64(run/MinInterval)+10 {
+		t.Fatalf("%d polls in %v with Interval 1ns", n, run)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -39,6 +40,10 @@ type Options struct {
 	// KeysPoll is how often a cid_keys_file is checked for changes (0
 	// means 1 s).
 	KeysPoll time.Duration
+	// Context, when set, cancels the reads Build makes (the cid_keys_files,
+	// each also bounded by cidkeys.ReadTimeout), so that a signal stops a
+	// start-up stuck on a hung mount. nil means context.Background().
+	Context context.Context
 }
 
 // Errors of Validate and Build, wrapped with the service's name.
@@ -54,7 +59,10 @@ const StopWait = time.Second
 
 // Validate reports what Build would refuse for lack of a hook in o: a
 // "kubernetes" service without Options.Kubernetes, a service without
-// backends key without Options.Source.
+// backends key without Options.Source; and what a start would refuse: a
+// static backend at a service's listen or public address, or at a
+// wildcard listen's port on one of the host's addresses
+// (cidroute.CheckBackends, as cidroute.New checks it).
 func (c *Config) Validate(o Options) error {
 	for _, s := range c.Services {
 		switch {
@@ -64,7 +72,21 @@ func (c *Config) Validate(o Options) error {
 			return fmt.Errorf("service %q: %w", s.Name, ErrNoSource)
 		}
 	}
-	return nil
+	return c.checkOwnBackends(func(i int) []registry.Backend { return c.Services[i].Backends })
+}
+
+// checkOwnBackends applies cidroute.CheckBackends to the services, with
+// their listen addresses as the proxy's own (its upstream sockets are not
+// bound yet) and the host's current addresses for wildcard listens.
+func (c *Config) checkOwnBackends(backends func(i int) []registry.Backend) error {
+	svcs := make([]cidroute.Service, len(c.Services))
+	listens := make([]netip.AddrPort, len(c.Services))
+	for i, s := range c.Services {
+		svcs[i] = cidroute.Service{Name: s.Name, Listen: s.Listen, RouterConfig: cidroute.RouterConfig{PublicAddr: s.Public}}
+		listens[i] = s.Listen
+	}
+	host, _ := cidroute.LocalAddrs() // none: loopback still counts as the host's
+	return cidroute.CheckBackends(svcs, cidroute.NewOwnAddrs(listens, host), backends)
 }
 
 // Registries are the registries of a Config's services, the sources that
@@ -161,7 +183,11 @@ func (r *Registries) build(seed uint64, sc Service, o Options, log *slog.Logger)
 	}
 	var codec cidroute.CIDCodec
 	if e := sc.CIDEncryption; e != nil {
-		f, err := cidkeys.Open(e.KeysFile, e.NonceLen)
+		ctx := o.Context
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		f, err := cidkeys.Open(ctx, e.KeysFile, e.NonceLen)
 		if err != nil {
 			return nil, cidroute.Service{}, fmt.Errorf("cid_keys_file: %w", err)
 		}

@@ -187,3 +187,45 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.b.String()
 }
+
+// TestValidateOwnBackends: a backend at a service's listen or public
+// address, or a wildcard listen's port on a host address, is refused
+// before any socket is open (-check), with the check the Pipeline makes.
+func TestValidateOwnBackends(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct {
+		services []string
+		file     string // the backends_file of service "f"
+		public   string // set on services[0]
+		want     string
+	}{
+		"its own listen": {services: []string{`{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends": [{"ordinal": 0, "address": "127.0.0.1:5684"}]}`},
+			want: `service a: backend 0 at 127.0.0.1:5684 is one of the proxy's own addresses`},
+		"a sibling's listen": {services: []string{
+			`{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends": [{"ordinal": 0, "address": "127.0.0.1:6000"}]}`,
+			`{"name": "b", "protocol": "dtls", "listen": "127.0.0.1:5685", "backends": [{"ordinal": 0, "address": "[::ffff:127.0.0.1]:5684"}]}`},
+			want: `service b: backend 0 at 127.0.0.1:5684 is one of the proxy's own addresses`},
+		"a wildcard listen": {services: []string{`{"name": "a", "protocol": "dtls", "listen": "0.0.0.0:5684", "backends": [{"ordinal": 1, "address": "127.0.0.3:5684"}]}`},
+			want: "one of the proxy's own addresses"},
+		"its public address": {services: []string{`{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends": [{"ordinal": 0, "address": "192.0.2.1:5684"}]}`},
+			public: "192.0.2.1:5684", want: "is the public address of service a"},
+		"in backends_file": {services: []string{`{"name": "f", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends_file": "` + filepath.Join(dir, "f.json") + `"}`},
+			file: `[{"ordinal": 0, "address": "127.0.0.1:5684"}]`, want: "one of the proxy's own addresses"},
+	} {
+		c := mustParse(t, withServices(tc.services...))
+		if tc.public != "" {
+			c.Services[0].Public = netip.MustParseAddrPort(tc.public)
+		}
+		err := c.Validate(Options{})
+		if tc.file != "" {
+			require.NoError(t, err, name) // the file is read by CheckFiles
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "f.json"), []byte(tc.file), 0o600))
+			err = c.CheckFiles(context.Background())
+		}
+		require.ErrorIs(t, err, cidroute.ErrConfig, name)
+		require.ErrorContains(t, err, tc.want, name)
+	}
+	// Elsewhere on the port, or another port: fine.
+	c := mustParse(t, withServices(`{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends": [{"ordinal": 0, "address": "127.0.0.2:5684"}, {"ordinal": 1, "address": "127.0.0.1:5685"}]}`))
+	require.NoError(t, c.Validate(Options{}))
+}

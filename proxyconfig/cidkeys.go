@@ -1,6 +1,7 @@
 package proxyconfig
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 
@@ -73,10 +74,10 @@ func (e *CIDEncryption) summary() string {
 }
 
 // checkCIDKeyFiles reads every service's key file once, for -check.
-func (c *Config) checkCIDKeyFiles() error {
+func (c *Config) checkCIDKeyFiles(ctx context.Context) error {
 	for _, s := range c.Services {
 		if e := s.CIDEncryption; e != nil {
-			if _, err := cidkeys.Open(e.KeysFile, e.NonceLen); err != nil {
+			if _, err := cidkeys.Open(ctx, e.KeysFile, e.NonceLen); err != nil {
 				return fmt.Errorf("service %q: cid_keys_file: %w", s.Name, err)
 			}
 		}

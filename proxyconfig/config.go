@@ -132,10 +132,9 @@ const maxBuffer = 1 << 30
 
 // Lower bounds of the duration keys, checked by -check as by a start.
 const (
-	// A transparent session that expires faster than a client's pause
-	// between datagrams is no session, and each expiry and re-creation
-	// costs a socket: 1 s is far below any DTLS or QUIC idle timeout.
-	minSessionIdle = time.Second
+	// The library's bound (see cidroute.MinSessionIdle), checked here
+	// too so that -check, which opens no socket, says so.
+	minSessionIdle = cidroute.MinSessionIdle
 	// The file source confirms once per 1 s poll; a limit of fewer than
 	// three polls turns a healthy registry stale at the first slow one and
 	// makes it flap (4ns spun a CPU and logged 33,000 lines in 4 s).
@@ -255,10 +254,12 @@ func parseService(raw json.RawMessage) (Service, error) {
 	if s.Listen, err = netip.ParseAddrPort(fs.Listen); err != nil {
 		return fail("listen %q: want ip:port (IPv6 in brackets)", fs.Listen)
 	}
-	if s.Listen.Port() == 0 || s.Listen.Addr().IsMulticast() || s.Listen.Addr() == broadcast {
-		return fail("listen %v: want a unicast or wildcard address (not multicast or broadcast) and a non-zero port", s.Listen)
-	}
+	// Unmapped before it is checked: [::ffff:255.255.255.255] is the
+	// broadcast address too.
 	s.Listen = netip.AddrPortFrom(s.Listen.Addr().Unmap(), s.Listen.Port())
+	if s.Listen.Port() == 0 || s.Listen.Addr().IsMulticast() || s.Listen.Addr() == broadcast {
+		return fail("listen %v: want a unicast or wildcard address (not multicast or broadcast) and a non-zero port", fs.Listen)
+	}
 	s.CIDLen = fs.CIDLength
 	switch s.Protocol {
 	case cidroute.DTLS:
@@ -469,9 +470,11 @@ func (c *Config) Summary() string {
 // CheckFiles reads every backends_file and cid_keys_file once, for
 // cidproxy -check: at run time a bad file is logged and retried, but a
 // check should say so. The read is bounded as the file source's is, and
-// the list validated by the same decoder.
+// the list validated by the same decoder and refused at an own address
+// as Validate refuses an inline one.
 func (c *Config) CheckFiles(ctx context.Context) error {
-	for _, s := range c.Services {
+	lists := make([][]registry.Backend, len(c.Services))
+	for i, s := range c.Services {
 		if s.BackendsFile == "" {
 			continue
 		}
@@ -479,11 +482,14 @@ func (c *Config) CheckFiles(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("service %q: backends_file: %w", s.Name, err)
 		}
-		if _, err := registry.DecodeBackends(bytes.NewReader(data)); err != nil {
+		if lists[i], err = registry.DecodeBackends(bytes.NewReader(data)); err != nil {
 			return fmt.Errorf("service %q: backends_file %s: %w", s.Name, s.BackendsFile, err)
 		}
 	}
-	return c.checkCIDKeyFiles()
+	if err := c.checkOwnBackends(func(i int) []registry.Backend { return lists[i] }); err != nil {
+		return fmt.Errorf("backends_file: %w", err)
+	}
+	return c.checkCIDKeyFiles(ctx)
 }
 
 // checkXDP validates the "xdp_interfaces" key: names of interfaces,

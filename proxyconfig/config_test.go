@@ -179,6 +179,8 @@ func TestParseConfigBad(t *testing.T) {
 		{"duplicate limits key", withServices(`{` + svc + `, "limits": {"global_pps": 1, "global_pps": 0}}`), `repeated key "global_pps"`},
 		{"duplicate services", `{"services": [{` + svc + `}], "services": [{` + svc + `}]}`, `repeated key "services"`},
 		{"broadcast listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "255.255.255.255:5684", "backends_file": "f"}`), "broadcast"},
+		{"mapped broadcast listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "[::ffff:255.255.255.255]:5684", "backends_file": "f"}`), "broadcast"},
+		{"mapped multicast listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "[::ffff:224.0.0.1]:5684", "backends_file": "f"}`), "broadcast"},
 		{"bad unroutable", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "backends_file": "f", "unroutable": "route"}`), `unroutable "route"`},
 		{"unroutable for dtls", withServices(`{` + svc + `, "unroutable": "drop"}`), "quic services only"},
 		// Durations have lower bounds.

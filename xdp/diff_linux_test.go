@@ -65,6 +65,10 @@ type diffEnv struct {
 	ifindex  uint32
 	services []*diffService
 	nextHop  map[netip.Addr]net.HardwareAddr
+	// own is the pipeline's own-address set in the namespace: every
+	// service and upstream socket, the host's addresses for the wildcard
+	// ones (cidroute.LocalAddrs), as Pipeline.OwnAddrs keeps it.
+	own *cidroute.OwnAddrs
 }
 
 func mustRegistry(t testing.TB, seed uint64, bs []registry.Backend) *registry.Registry {
@@ -113,11 +117,26 @@ func newDiffEnv(t testing.TB) *diffEnv {
 		{Ordinal: 1, Addr: ap("192.0.2.40:4000"), State: registry.Draining},
 		{Ordinal: 2, Addr: ap("192.0.2.41:4000"), State: registry.Gone},
 	}
+	// Backends at the proxy's own addresses (a registry update the
+	// pipeline cannot refuse): the forward rule drops their datagrams as
+	// OwnAddress. Service "ownbe" has the public address 198.51.100.81:5684.
+	r4 := []registry.Backend{
+		{Ordinal: 0, Addr: ap("192.0.2.1:5684")},     // dtls4's listen address
+		{Ordinal: 1, Addr: ap("198.51.100.81:5684")}, // its own public address
+		{Ordinal: 2, Addr: ap("192.0.2.1:7000")},     // wild4's port on a host address
+		{Ordinal: 3, Addr: ap("192.0.2.1:40001")},    // an upstream port (the pipeline's)
+		{Ordinal: 4, Addr: ap("192.0.2.1:9999")},     // a host address, no socket
+		{Ordinal: 5, Addr: ap("[2001:db8::1]:7001")}, // wild6's port
+		{Ordinal: 6, Addr: ap("192.0.2.50:4000")},    // elsewhere
+	}
 	i := 0
-	for _, bs := range [][]registry.Backend{r1, r2, r3} {
+	for _, bs := range [][]registry.Backend{r1, r2, r3, r4} {
 		for _, b := range bs {
 			mac := backendMAC(i)
 			i++
+			if b.Addr.Addr() == proxy4 || b.Addr.Addr() == proxy6 {
+				continue // local: no neighbour
+			}
 			e.nextHop[b.Addr.Addr()] = mac
 			ns.ip(t, "neigh add "+b.Addr.Addr().String()+" lladdr "+mac.String()+" dev xd0 nud permanent")
 		}
@@ -125,6 +144,7 @@ func newDiffEnv(t testing.TB) *diffEnv {
 	reg1 := &staleBackends{Registry: mustRegistry(t, 0x1234, r1)}
 	reg2 := &staleBackends{Registry: mustRegistry(t, 99, r2)}
 	reg3 := &staleBackends{Registry: mustRegistry(t, 7, r3)}
+	reg4 := &staleBackends{Registry: mustRegistry(t, 5, r4)}
 	stale := &staleBackends{Registry: mustRegistry(t, 0x1234, r1)}
 	stale.stale.Store(true)
 
@@ -164,6 +184,7 @@ func newDiffEnv(t testing.TB) *diffEnv {
 		svc("wild4", cidroute.QUIC, quic.LB{}, "0.0.0.0:7000", "", reg1),
 		svc("wild6", cidroute.DTLS, dtls.OrdinalFirst{}, "[::]:7001", "", reg2),
 		svc("vip", cidroute.DTLS, dtls.OrdinalFirst{}, "192.0.2.1:7002", "198.51.100.80:5684", reg1),
+		svc("ownbe", cidroute.DTLS, dtls.OrdinalFirst{}, "192.0.2.1:7003", "198.51.100.81:5684", reg4),
 	}
 	ns.do(t, func() {
 		p, err := Load(Options{})
@@ -188,6 +209,15 @@ func newDiffEnv(t testing.TB) *diffEnv {
 		if err := p.objs.Macs.Put(e.ifindex, &cidrouteMac{A: [6]byte(proxyMAC)}); err != nil {
 			t.Fatal(err)
 		}
+		host, err := cidroute.LocalAddrs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var bound []netip.AddrPort
+		for _, s := range e.services {
+			bound = append(append(bound, s.Listen), s.Upstreams...)
+		}
+		e.own = cidroute.NewOwnAddrs(bound, host)
 	})
 	return e
 }
@@ -233,7 +263,11 @@ func (e *diffEnv) counter(t testing.TB, id, dir, slot uint32) uint64 {
 type outcome struct {
 	verdict uint32
 	reason  cidroute.Reason
-	frame   []byte // the transmitted frame (forwarded only)
+	frame   []byte         // the transmitted frame (forwarded only)
+	backend netip.AddrPort // forward: the backend the Router chose, if any
+	// mayPass names the row of the README's table under which the program
+	// hands this datagram up; "" when it must decide it.
+	mayPass string
 }
 
 // forward runs client → service through the Go Router and the program,
@@ -243,6 +277,7 @@ func (e *diffEnv) forward(t testing.TB, s *diffService, client netip.AddrPort, d
 	t.Helper()
 	frame := udpFrame(peerMAC, proxyMAC, client, netip.AddrPortFrom(dst, s.Listen.Port()), payload, frameOpts{ttl: 57, id: 0x1234})
 	want := e.goForward(s, client, dst, payload)
+	want.mayPass = e.forwardMayPass(s, client, dst, payload, want)
 	return e.compare(t, s, 0, frame, want, fmt.Sprintf("forward %s %v→%v %x", s.Name, client, dst, payload))
 }
 
@@ -254,17 +289,17 @@ func (e *diffEnv) goForward(s *diffService, client netip.AddrPort, dst netip.Add
 	if s.measured {
 		local = dst
 	}
-	v := s.router.View(nil)
+	v := s.router.View(e.own)
 	d, hdr := s.router.Forward(make([]byte, 0, 64), payload, client, local, &v)
 	if d.Reason != cidroute.Forwarded {
-		return outcome{verdict: xdpDrop, reason: d.Reason}
+		return outcome{verdict: xdpDrop, reason: d.Reason, backend: d.Backend}
 	}
 	src := proxy4
 	if !d.Backend.Addr().Unmap().Is4() {
 		src = proxy6
 	}
 	up := netip.AddrPortFrom(src, s.Upstreams[0].Port())
-	return outcome{verdict: xdpTX, frame: udpFrame(proxyMAC, e.nextHop[d.Backend.Addr()], up, d.Backend, append(hdr, payload...), sentOpts)}
+	return outcome{verdict: xdpTX, backend: d.Backend, frame: udpFrame(proxyMAC, e.nextHop[d.Backend.Addr()], up, d.Backend, append(hdr, payload...), sentOpts)}
 }
 
 // compare runs frame through the program and checks it against want.
@@ -273,6 +308,8 @@ func (e *diffEnv) compare(t testing.TB, s *diffService, dir uint32, frame []byte
 	before := e.counter(t, s.id, dir, uint32(want.reason))
 	got, out := e.run(t, frame)
 	switch {
+	case got == xdpPass && want.mayPass == "":
+		t.Fatalf("%s: handed up, where the README's table says the program decides (the Go rule: %v)", what, want.reason)
 	case got == xdpPass:
 		// Only a different path: the pipeline decides.
 		return got
@@ -289,58 +326,13 @@ func (e *diffEnv) compare(t testing.TB, s *diffService, dir uint32, frame []byte
 	return got
 }
 
-// goReply is the pipeline's reverse rule, worker.go's service.reply and
-// validClient read as they are, for service s, a datagram b from the
-// physical sender from.
-func goReply(s *diffService, snap *registry.Snapshot, from netip.AddrPort, b []byte) (client, service netip.AddrPort, payload []byte, reason cidroute.Reason) {
-	if !snap.IsBackend(from) {
-		return client, service, nil, cidroute.UntrustedSender
-	}
-	h, off, err := ppv2.Parse(b)
-	if err != nil || h.Command != ppv2.Proxy || !isServiceAddr(s, unmap(h.Src)) {
-		return client, service, nil, cidroute.BadProxyHeader
-	}
-	client = unmap(h.Dst)
-	if !validClient(s, client) {
-		return client, service, nil, cidroute.BadDestination
-	}
-	return client, unmap(h.Src), b[off:], cidroute.Forwarded
-}
-
-func isServiceAddr(s *diffService, a netip.AddrPort) bool {
-	l := unmap(s.Public)
-	if !s.measured && !l.Addr().IsUnspecified() {
-		return a == l
-	}
-	if !l.Addr().IsUnspecified() {
-		return a == l
-	}
-	ip := a.Addr()
-	return a.Port() == l.Port() && ip.IsValid() && !ip.IsUnspecified() && !ip.IsMulticast()
-}
-
-func validClient(s *diffService, a netip.AddrPort) bool {
-	ip := a.Addr()
-	pub := unmap(s.Public)
-	switch {
-	case !ip.IsValid(), a.Port() == 0, ip.IsUnspecified(), ip.IsMulticast(), ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
-		return false
-	case ip.IsLoopback() && !pub.Addr().IsLoopback():
-		return false
-	}
-	own := ip.IsLoopback() || ip == pub.Addr() || ip == unmap(s.Listen).Addr()
-	if !own {
-		return true
-	}
-	if a.Port() == pub.Port() || a.Port() == s.Listen.Port() {
-		return false
-	}
-	for _, u := range s.Upstreams {
-		if a.Port() == u.Port() {
-			return false
-		}
-	}
-	return true
+// goReverse is the pipeline's reverse rule, Router.Reverse, for service
+// s and a datagram b from the physical sender from, against the snapshot
+// the program has and the pipeline's own addresses.
+func (e *diffEnv) goReverse(s *diffService, from netip.AddrPort, b []byte) cidroute.Reply {
+	v := s.router.View(e.own)
+	v.Snapshot = s.snap
+	return s.router.Reverse(b, from, cidroute.Session{}, &v)
 }
 
 // reverse runs a reply from backend addr from to the proxy's upstream port
@@ -348,26 +340,22 @@ func validClient(s *diffService, a netip.AddrPort) bool {
 func (e *diffEnv) reverse(t testing.TB, s *diffService, from netip.AddrPort, dst netip.Addr, b []byte) uint32 {
 	t.Helper()
 	frame := udpFrame(peerMAC, proxyMAC, from, netip.AddrPortFrom(dst, s.Upstreams[1].Port()), b, frameOpts{ttl: 64, id: 7, df: true})
-	client, service, payload, reason := goReply(s, s.snap, unmap(from), b)
-	want := outcome{verdict: xdpDrop, reason: reason}
-	if reason == cidroute.Forwarded {
+	rep := e.goReverse(s, unmap(from), b)
+	want := outcome{verdict: xdpDrop, reason: rep.Reason}
+	if rep.Reason == cidroute.Forwarded {
 		// The service socket sends: from the address the client used
 		// (measured) or the socket's own address.
 		src := unmap(s.Listen).Addr()
-		if s.measured {
-			src = service.Addr()
+		if rep.Local.IsValid() {
+			src = rep.Local
 		}
-		hop, ok := e.nextHop[client.Addr()]
+		hop, ok := e.nextHop[rep.Client.Addr()]
 		if !ok {
 			hop = gwMAC
 		}
-		if src.Is4() != client.Addr().Is4() {
-			// The service socket cannot send there: a send error in the
-			// pipeline, which the program leaves to it.
-			return e.compare(t, s, 1, frame, outcome{verdict: xdpPass, reason: cidroute.SendError}, "reverse to another family")
-		}
-		want = outcome{verdict: xdpTX, frame: udpFrame(proxyMAC, hop, netip.AddrPortFrom(src, s.Listen.Port()), client, payload, sentOpts)}
+		want = outcome{verdict: xdpTX, frame: udpFrame(proxyMAC, hop, netip.AddrPortFrom(src, s.Listen.Port()), rep.Client, rep.Payload, sentOpts)}
 	}
+	want.mayPass = e.reverseMayPass(s, b, rep)
 	return e.compare(t, s, 1, frame, want, fmt.Sprintf("reverse %s %v→%v %x", s.Name, from, dst, b))
 }
 

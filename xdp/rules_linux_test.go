@@ -187,6 +187,17 @@ func TestForwardAgreesWithRouter(t *testing.T) {
 		{name: "quic no ready unroutable hashed", svc: "hashnoready", payload: quicShort(lbCID(12, 7, 1, false), 30), reason: cidroute.NoReadyBackend},
 		{name: "quic wildcard", svc: "wild4", dst: proxy4, payload: quicShort(lbCID(12, 0, 200, false), 30)},
 		{name: "quic wildcard hashed", svc: "wild4", dst: proxy4, payload: padTo(quicLong(1, 0, initialDCID, nil, 1100), 1200)},
+
+		// Backends at the proxy's own addresses (OwnAddress): refused where
+		// the program knows the address, handed up where only the
+		// pipeline's own-address set does.
+		{name: "backend at a service's listen address", svc: "ownbe", payload: dtlsCIDRecord(8, 0, 20), reason: cidroute.OwnAddress},
+		{name: "backend at the public address", svc: "ownbe", payload: dtlsCIDRecord(8, 1, 20), reason: cidroute.OwnAddress},
+		{name: "backend at a wildcard service's port", svc: "ownbe", payload: dtlsCIDRecord(8, 2, 20), reason: cidroute.OwnAddress},
+		{name: "backend at a wildcard v6 service's port", svc: "ownbe", payload: dtlsCIDRecord(8, 5, 20), reason: cidroute.OwnAddress},
+		{name: "backend at an upstream port", svc: "ownbe", payload: dtlsCIDRecord(8, 3, 20), reason: cidroute.OwnAddress, pass: true},
+		{name: "backend at a host address", svc: "ownbe", payload: dtlsCIDRecord(8, 4, 20), pass: true},
+		{name: "backend elsewhere", svc: "ownbe", payload: dtlsCIDRecord(8, 6, 20)},
 	}
 	for name, b := range readCaptures(t, "../dtls/testdata/*.hex") {
 		cases = append(cases, tc{name: "capture " + name, svc: "dtls4", payload: b})
@@ -222,7 +233,7 @@ func TestForwardAgreesWithRouter(t *testing.T) {
 			}
 		})
 	}
-	for _, r := range []cidroute.Reason{cidroute.Forwarded, cidroute.Malformed, cidroute.UnknownOrdinal, cidroute.NotServing, cidroute.NoReadyBackend, cidroute.StaleRegistry, cidroute.Unroutable} {
+	for _, r := range []cidroute.Reason{cidroute.Forwarded, cidroute.Malformed, cidroute.UnknownOrdinal, cidroute.NotServing, cidroute.NoReadyBackend, cidroute.StaleRegistry, cidroute.Unroutable, cidroute.OwnAddress} {
 		if !seen[r] {
 			t.Errorf("no case decided %v in the program", r)
 		}
@@ -277,7 +288,8 @@ func TestForwardStackCases(t *testing.T) {
 }
 
 // TestReverseAgreesWithReplyRule runs replies through the program and the
-// pipeline's reverse rule (worker.go's reply and validClient).
+// pipeline's reverse rule (Router.Reverse, with the pipeline's own
+// addresses).
 func TestReverseAgreesWithReplyRule(t *testing.T) {
 	e := newDiffEnv(t)
 	svc := map[string]*diffService{}
@@ -330,7 +342,12 @@ func TestReverseAgreesWithReplyRule(t *testing.T) {
 		{name: "to loopback", s: d4, from: ap("192.0.2.10:4000"), b: hdr(d4.Public, ap("127.0.0.1:22")), reason: cidroute.BadDestination},
 		{name: "to v6 loopback", s: q6, from: ap("[2001:db8::10]:5000"), dst: proxy6, b: hdr(q6.Public, ap("[::1]:22")), reason: cidroute.BadDestination},
 		{name: "v6 reply", s: q6, from: ap("[2001:db8::10]:5000"), dst: proxy6, b: hdr(q6.Public, c6)},
-		{name: "v6 service to v4 client", s: q6, from: ap("[2001:db8::10]:5000"), dst: proxy6, b: hdr(q6.Public, client), pass: true},
+		{name: "v6 service to v4 client", s: q6, from: ap("[2001:db8::10]:5000"), dst: proxy6, b: hdr(q6.Public, client), reason: cidroute.BadDestination, pass: true},
+		{name: "v4 service to v6 client", s: d4, from: ap("192.0.2.10:4000"), b: hdr(d4.Public, c6), reason: cidroute.BadDestination, pass: true},
+		{name: "empty payload", s: d4, from: ap("192.0.2.10:4000"), b: ppHeader(t, d4.Public, client), reason: cidroute.Malformed},
+		{name: "empty payload v6", s: q6, from: ap("[2001:db8::10]:5000"), dst: proxy6, b: ppHeader(t, q6.Public, c6), reason: cidroute.Malformed},
+		{name: "to another service", s: d4, from: ap("192.0.2.10:4000"), b: hdr(d4.Public, ap("192.0.2.1:443")), reason: cidroute.BadDestination, pass: true},
+		{name: "to a wildcard service's port", s: d4, from: ap("192.0.2.10:4000"), b: hdr(d4.Public, ap("192.0.2.1:7000")), reason: cidroute.BadDestination, pass: true},
 		{name: "vip", s: vip, from: ap("192.0.2.10:4000"), b: hdr(vip.Public, client)},
 		{name: "vip wrong source", s: vip, from: ap("192.0.2.10:4000"), b: hdr(vip.Listen, client), reason: cidroute.BadProxyHeader},
 		{name: "measured", s: w4, from: ap("192.0.2.10:4000"), b: hdr(netip.AddrPortFrom(proxy4, 7000), client)},
@@ -345,7 +362,7 @@ func TestReverseAgreesWithReplyRule(t *testing.T) {
 			if !dst.IsValid() {
 				dst = proxy4
 			}
-			_, _, _, reason := goReply(c.s, c.s.snap, c.from, c.b)
+			reason := e.goReverse(c.s, c.from, c.b).Reason
 			if reason != c.reason {
 				t.Fatalf("the reply rule says %v, the case %v: fix the case", reason, c.reason)
 			}
@@ -361,7 +378,7 @@ func TestReverseAgreesWithReplyRule(t *testing.T) {
 			}
 		})
 	}
-	for _, r := range []cidroute.Reason{cidroute.Forwarded, cidroute.UntrustedSender, cidroute.BadProxyHeader, cidroute.BadDestination} {
+	for _, r := range []cidroute.Reason{cidroute.Forwarded, cidroute.UntrustedSender, cidroute.BadProxyHeader, cidroute.BadDestination, cidroute.Malformed} {
 		if !seen[r] {
 			t.Errorf("no case decided %v in the program", r)
 		}
@@ -392,6 +409,8 @@ func FuzzForward(f *testing.F) {
 		quicShort(lbCID(12, 0, 1, false), 30), quicShort(lbCID(9, 2, 1, true), 30),
 		padTo(quicLong(1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1100), 1200),
 		quicLong(1, 2, lbCID(12, 0, 7, false), nil, 40),
+		// ownbe's backends at the proxy's own addresses.
+		dtlsCIDRecord(8, 0, 20), dtlsCIDRecord(8, 2, 20), dtlsCIDRecord(8, 3, 20), dtlsCIDRecord(8, 5, 20),
 	}
 	for _, g := range []string{"../dtls/testdata/*.hex", "../quic/testdata/*.hex"} {
 		for _, b := range readCaptures(f, g) {
@@ -431,6 +450,8 @@ func FuzzReverse(f *testing.F) {
 		f.Add(uint8(i), uint8(0), uint32(0xcb007105), uint16(4000), []byte("reply"))
 		f.Add(uint8(i), uint8(1), uint32(0xc000020a), uint16(4000), []byte("reply"))
 		f.Add(uint8(i), uint8(2), uint32(0xc000020b), uint16(5000), []byte("\r\n\r\n\x00\r\nQUIT\n\x21\x12\x00\x0c"))
+		f.Add(uint8(i), uint8(0), uint32(0xcb007105), uint16(4000), []byte{})    // a header, no payload
+		f.Add(uint8(i), uint8(0), uint32(0xc0000201), uint16(7000), []byte("x")) // to a wildcard service's port
 	}
 	var froms []netip.AddrPort
 	for _, s := range e.services {

@@ -222,6 +222,8 @@ func (p *Program) AddService(s Service) error {
 	if s.MaxDatagram == 0 {
 		s.MaxDatagram = 9216
 	}
+	// Unmapped before any check: [::ffff:0.0.0.0] is a wildcard too.
+	s.Listen, s.Public = unmap(s.Listen), unmap(s.Public)
 	id := uint32(len(p.services))
 	cfg := cidrouteSvcCfg{Id: id, MaxDgram: uint16(min(s.MaxDatagram, 0xffff))}
 	switch s.Protocol {
@@ -258,7 +260,7 @@ func (p *Program) AddService(s Service) error {
 	if s.Pass {
 		cfg.Pass = 1
 	}
-	pub := unmap(s.Public)
+	pub := s.Public
 	// The datagram's own destination is the PPv2 destination only when
 	// the pipeline measures it (packet info on a wildcard socket).
 	if pub.Addr().IsUnspecified() && s.Listen.Addr().IsUnspecified() {
@@ -270,7 +272,7 @@ func (p *Program) AddService(s Service) error {
 		cfg.Pass = 1
 	}
 	cfg.Pub.Ip, cfg.Pub.Port = pub.Addr().As16(), pub.Port()
-	cfg.Listen.Ip, cfg.Listen.Port = unmap(s.Listen).Addr().As16(), s.Listen.Port()
+	cfg.Listen.Ip, cfg.Listen.Port = s.Listen.Addr().As16(), s.Listen.Port()
 
 	if err := p.objs.ServiceById.Put(id, &cfg); err != nil {
 		return fmt.Errorf("xdp: service %q: %w", s.Name, err)
@@ -424,22 +426,16 @@ func addrHome(ip [16]byte, port uint16) uint32 {
 }
 
 // refreshLocals writes the host's addresses, which the reverse path must
-// not relay to and the forward path serves on wildcard services.
+// not relay to and the forward path serves on wildcard services: the set
+// the pipeline's own addresses are built from (cidroute.LocalAddrs, with
+// the subnets' broadcast addresses), so that both rules see one host.
 func (p *Program) refreshLocals() error {
-	addrs, err := net.InterfaceAddrs()
+	addrs, err := cidroute.LocalAddrs()
 	if err != nil {
 		return fmt.Errorf("xdp: host addresses: %w", err)
 	}
 	now := map[[16]byte]bool{}
-	for _, a := range addrs {
-		n, ok := a.(*net.IPNet)
-		if !ok {
-			continue
-		}
-		ip, ok := netip.AddrFromSlice(n.IP)
-		if !ok {
-			continue
-		}
+	for _, ip := range addrs {
 		now[ip.Unmap().As16()] = true
 	}
 	var errs []error

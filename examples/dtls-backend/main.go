@@ -65,7 +65,7 @@ func run(drain, kill context.Context, args []string, stderr io.Writer, started f
 		TrustedProxies: set.TrustedProxies, Direct: set.Direct, Prefix: *prefix, IdleTimeout: *idle, Logger: log}
 	var keys *cidkeys.File
 	if err == nil {
-		keys, err = keyFlags.Open(*cidLen, backendcfg.IsSet(fs, "cid-len"))
+		keys, err = keyFlags.Open(drain, *cidLen, backendcfg.IsSet(fs, "cid-len"))
 	}
 	codec := "ordinal-first"
 	if keys != nil {

@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/internal/testecho"
+	"github.com/cidroute/cidroute/ppv2"
 
 	"github.com/cidroute/cidroute/internal/testtool"
 )
@@ -40,12 +43,18 @@ type hostileCase struct {
 }
 
 var hostileCases = []hostileCase{
+	{"a reply aimed at a sibling service or the proxy itself goes nowhere", 1, attackReflection},
+	{"a backend at the proxy's own address is refused", 1, attackOwnBackend},
+	{"mixed datagrams count against handshake_pps", 2, attackMixedDTLS},
+	{"coalesced QUIC packets count against handshake_pps and zero_rtt_pps", 2, attackMixedQUIC},
 	{"rejected reloads are counted and logged per cause", 4, attackRejectedReloads},
 	{"an empty backends_file keeps the live sessions", 5, attackEmptyBackendsFile},
 	{"tiny durations are refused", 6, attackTinyDurations},
 	{"a second instance does not join the port", 7, attackSecondInstance},
 	{"config key case, repeats and broadcast are refused", 9, attackConfigKeys},
 	{"a FIFO as backends_file blocks nothing", 10, attackFIFO},
+	{"a FIFO as cid_keys_file blocks nothing", 10, attackFIFOKeys},
+	{"one client socket keeps two transparent sessions", 8, attackTwoSessionsOneSocket},
 }
 
 func TestHostile(t *testing.T) {
@@ -190,7 +199,8 @@ func (p *proxyProc) balanced(t *testing.T) map[string]float64 {
 }
 
 // imbalance returns "" when received = Σ datagrams_total for every
-// service and direction in m.
+// service and direction in m, and each has its received series: a scrape
+// without them (a renamed metric, an empty page) balances nothing.
 func imbalance(m map[string]float64) string {
 	sums := map[string]float64{}
 	for k, v := range m {
@@ -199,11 +209,22 @@ func imbalance(m map[string]float64) string {
 		}
 	}
 	var bad []string
+	received := map[string]bool{}
 	for k, v := range m {
 		if rest, ok := strings.CutPrefix(k, "cidroute_datagrams_received_total{"); ok {
-			if key := seriesKey(rest); sums[key] != v {
+			key := seriesKey(rest)
+			received[key] = true
+			if sums[key] != v {
 				bad = append(bad, fmt.Sprintf("%s received %v, outcomes %v", key, v, sums[key]))
 			}
+		}
+	}
+	if len(received) == 0 {
+		return "no cidroute_datagrams_received_total series"
+	}
+	for key := range sums {
+		if !received[key] {
+			bad = append(bad, key+" has outcomes but no received series")
 		}
 	}
 	return strings.Join(bad, "; ")
@@ -429,7 +450,7 @@ func attackSecondInstance(t *testing.T, env *hostileEnv) {
 }
 
 // 15.9: keys that encoding/json would take (another case, a repeat that
-// overrides the first) and a broadcast listen address.
+// overrides the first) and a broadcast listen address, also IPv4-mapped.
 func attackConfigKeys(t *testing.T, env *hostileEnv) {
 	svc := fmt.Sprintf(`{"name": "svc", "protocol": "dtls", "listen": "%v", "backends": %s}`, freeService(t), env.backendList(1))
 	for _, tc := range []struct{ body, want string }{
@@ -438,6 +459,7 @@ func attackConfigKeys(t *testing.T, env *hostileEnv) {
 		{`{"services": [` + svc[:len(svc)-1] + `, "Workers": 2}]}`, `unknown key "Workers"`},
 		{`{"services": [` + svc[:len(svc)-1] + `, "backends": []}]}`, `repeated key "backends"`},
 		{`{"services": [` + strings.Replace(svc, "127.0.0.1", "255.255.255.255", 1) + `]}`, "broadcast"},
+		{`{"services": [` + strings.Replace(svc, "127.0.0.1", "[::ffff:255.255.255.255]", 1) + `]}`, "broadcast"},
 	} {
 		code, out := env.check(t, tc.body)
 		require.Equal(t, 1, code, "accepted: %s", tc.body)
@@ -467,4 +489,307 @@ func attackFIFO(t *testing.T, env *hostileEnv) {
 	require.Contains(t, p.logs.String(), "not a regular file")
 	// Traffic meets an empty registry and is counted.
 	require.False(t, echoes(t, svc, cidRecord(t, 0, 1)))
+}
+
+// 15.10, the key file's turn: a FIFO as cid_keys_file made -check and a
+// start wait for a writer (the open blocked) and ignore SIGTERM. Both now
+// refuse it at once, as for backends_file.
+func attackFIFOKeys(t *testing.T, env *hostileEnv) {
+	fifo := filepath.Join(env.dir, "keys.json")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	t.Cleanup(func() { // unblock a reader, should the test fail
+		if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			w.Close()
+		}
+	})
+	body := fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "quic", "listen": "%v", "backends": %s,
+		"cid_codec": "quic-lb-encrypted", "cid_keys_file": "keys.json"}]}`, freeService(t), env.backendList(1))
+	code, out := env.check(t, body)
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "not a regular file")
+
+	path := env.write(t, "run.json", body)
+	cmd := exec.Command(env.bin, "-config", path)
+	var logs testtool.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		require.Error(t, err, "started on a FIFO key file:\n%s", logs.String())
+		require.Contains(t, logs.String(), "not a regular file")
+	case <-time.After(2 * time.Second):
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+			t.Fatalf("the start waited on the FIFO (it stopped at SIGTERM):\n%s", logs.String())
+		case <-time.After(2 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+			t.Fatalf("the start waited on the FIFO and ignored SIGTERM:\n%s", logs.String())
+		}
+	}
+}
+
+// Series of the proxy's datagram counters (socket path).
+func receivedSeries(svc, dir string) string {
+	return fmt.Sprintf(`cidroute_datagrams_received_total{direction=%q,path="socket",service=%q}`, dir, svc)
+}
+
+func forwardedSeries(svc, dir string) string {
+	return fmt.Sprintf(`cidroute_datagrams_total{direction=%q,outcome="forwarded",path="socket",reason="",service=%q}`, dir, svc)
+}
+
+func droppedSeries(svc, dir, reason string) string {
+	return fmt.Sprintf(`cidroute_datagrams_total{direction=%q,outcome="dropped",path="socket",reason=%q,service=%q}`, dir, reason, svc)
+}
+
+// 15.1: a registered backend of service a (a socket of the test's) answers
+// with PPv2 destinations that are the proxy itself: the sibling service
+// b's listen address, a's own, a's upstream socket. Relayed, the first
+// would loop between a and b for ever. Each is dropped as bad_destination
+// and b never receives a datagram; a reply to the real client still
+// arrives.
+func attackReflection(t *testing.T, env *hostileEnv) {
+	hostile, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer hostile.Close()
+	hostileAddr := hostile.LocalAddr().(*net.UDPAddr).AddrPort()
+	a, b := freeService(t), freeService(t)
+	p := env.start(t, "proxy", fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
+		{"name": "a", "protocol": "dtls", "listen": "%v", "workers": 1, "backends": [{"ordinal": 0, "address": "%v"}]},
+		{"name": "b", "protocol": "dtls", "listen": "%v", "workers": 1, "backends": %s}]}`, a, hostileAddr, b, env.backendList(1)))
+
+	// A client's datagram reaches the hostile backend: the upstream
+	// socket it came from is where replies go.
+	client, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer client.Close()
+	clientAddr := client.LocalAddr().(*net.UDPAddr).AddrPort()
+	_, err = client.WriteToUDPAddrPort(cidRecord(t, 0, 1), a)
+	require.NoError(t, err)
+	buf := make([]byte, 2048)
+	hostile.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, upstream, err := hostile.ReadFromUDPAddrPort(buf)
+	require.NoError(t, err)
+
+	// The payload is a datagram b would route to its backend, and that
+	// backend's echo would come back through b: a loop, had a relayed it.
+	payload := cidRecord(t, 0, 2)
+	reply := func(dst netip.AddrPort) {
+		h, err := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: a, Dst: dst})
+		require.NoError(t, err)
+		_, err = hostile.WriteToUDPAddrPort(append(h, payload...), upstream)
+		require.NoError(t, err)
+	}
+	const rounds = 20
+	for range rounds {
+		for _, dst := range []netip.AddrPort{b, a, upstream} {
+			reply(dst)
+		}
+	}
+	reply(clientAddr) // the one legitimate reply
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, from, err := client.ReadFromUDPAddrPort(buf)
+	require.NoError(t, err, "the reply to the client")
+	require.Equal(t, a, from)
+	require.Equal(t, payload, buf[:n])
+
+	waitUntil(t, 10*time.Second, "every reply counted", func() bool {
+		return p.metric(t, receivedSeries("a", "reverse")) == 3*rounds+1
+	})
+	m := p.balanced(t)
+	require.Equal(t, float64(3*rounds), m[droppedSeries("a", "reverse", "bad_destination")], "every reply to the proxy itself")
+	require.Equal(t, float64(1), m[forwardedSeries("a", "reverse")])
+	require.Zero(t, m[receivedSeries("b", "forward")], "nothing reached the sibling service")
+	require.Zero(t, env.backends[0].Received(), "nor its backend")
+	// Nothing keeps going: a second look finds the same counts.
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, float64(3*rounds+1), p.metric(t, receivedSeries("a", "reverse")))
+	require.Zero(t, p.metric(t, receivedSeries("b", "forward")))
+}
+
+// 15.1, forward: a configuration naming the proxy's own listen address
+// (the service's, or a sibling's) as a backend made one datagram a storm
+// of datagrams and, in transparent mode, of sessions. -check refuses it
+// now, as a start does.
+func attackOwnBackend(t *testing.T, env *hostileEnv) {
+	a, b := freeService(t), freeService(t)
+	for name, body := range map[string]string{
+		"its own listen address": fmt.Sprintf(`{"services": [{"name": "a", "protocol": "dtls", "listen": "%v", "proxy_protocol": false,
+			"backends": [{"ordinal": 0, "address": "%v"}]}]}`, a, a),
+		"a sibling's listen address": fmt.Sprintf(`{"services": [
+			{"name": "a", "protocol": "dtls", "listen": "%v", "backends": [{"ordinal": 0, "address": "%v"}]},
+			{"name": "b", "protocol": "dtls", "listen": "%v", "backends": %s}]}`, a, b, b, env.backendList(1)),
+		"a wildcard listen's port": fmt.Sprintf(`{"services": [{"name": "a", "protocol": "dtls", "listen": "0.0.0.0:%d",
+			"backends": [{"ordinal": 0, "address": "127.0.0.1:%d"}]}]}`, a.Port(), a.Port()),
+	} {
+		code, out := env.check(t, body)
+		require.Equal(t, 1, code, "%s: -check accepted it:\n%s", name, out)
+		require.Contains(t, out, "is one of the proxy's own addresses", name)
+		path := env.write(t, "run.json", body)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		got, err := exec.CommandContext(ctx, env.bin, "-config", path).CombinedOutput()
+		cancel()
+		require.Error(t, err, "%s: started:\n%s", name, got)
+		require.Contains(t, string(got), "is one of the proxy's own addresses", name)
+	}
+}
+
+// hostileLimit is the handshake_pps and zero_rtt_pps of the mixing
+// attacks; a burst may take one second's worth, and the test's own
+// duration adds some.
+const hostileLimit = 5
+
+// admittedAtMost is what the limit lets through in elapsed.
+func admittedAtMost(elapsed time.Duration) float64 {
+	return float64(hostileLimit) * (1 + elapsed.Seconds() + 0.5)
+}
+
+// 15.2, DTLS: a ClientHello followed by a tls12_cid record of a live
+// ordinal was classified established and escaped handshake_pps, and the
+// backend then opened a session for the ClientHello. Every such datagram
+// counts against the limit now; plain session records do not.
+func attackMixedDTLS(t *testing.T, env *hostileEnv) {
+	svc := freeService(t)
+	p := env.start(t, "proxy", fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
+		{"name": "svc", "protocol": "dtls", "listen": "%v", "workers": 1, "backends": %s, "limits": {"handshake_pps": %d}}]}`,
+		svc, env.backendList(3), hostileLimit))
+	hello := soakCaptureHello(t)
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer c.Close()
+	const n = 200
+	start := time.Now()
+	for i := range n {
+		_, err := c.WriteToUDPAddrPort(append(bytes.Clone(hello), cidRecord(t, 1, uint64(i))...), svc)
+		require.NoError(t, err)
+	}
+	elapsed := time.Since(start)
+	waitUntil(t, 10*time.Second, "every datagram counted", func() bool { return p.metric(t, receivedSeries("svc", "forward")) == n })
+	m := p.balanced(t)
+	fwd, limited := m[forwardedSeries("svc", "forward")], m[droppedSeries("svc", "forward", "rate_limited")]
+	t.Logf("%d mixed datagrams in %v: %v forwarded, %v rate_limited", n, elapsed, fwd, limited)
+	require.LessOrEqual(t, fwd, admittedAtMost(elapsed), "handshake_pps was bypassed")
+	require.Equal(t, float64(n), fwd+limited)
+	// The limit is on handshakes, not on sessions.
+	for i := range 20 {
+		require.True(t, echoes(t, svc, cidRecord(t, 1, uint64(n+i))), "a session record is not limited")
+	}
+}
+
+// 15.2, QUIC: a Handshake packet (routed by its server CID) coalesced in
+// front of an Initial or a 0-RTT packet cleared both flags. Each datagram
+// with an Initial anywhere counts against handshake_pps, each with a
+// 0-RTT packet against zero_rtt_pps.
+func attackMixedQUIC(t *testing.T, env *hostileEnv) {
+	svc := freeService(t)
+	p := env.start(t, "proxy", fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
+		{"name": "svc", "protocol": "quic", "listen": "%v", "workers": 1, "backends": %s,
+		 "limits": {"handshake_pps": %d, "zero_rtt_pps": %d}}]}`, svc, env.backendList(3), hostileLimit, hostileLimit))
+	r := rand.New(rand.NewPCG(15, 2))
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer c.Close()
+	const n = 100 // of each kind
+	var total float64
+	for _, typ := range []byte{0, 1} { // Initial, 0-RTT
+		before := forwardCounts(p.scrape(t))
+		start := time.Now()
+		for range n {
+			cid := soakLBCID(r, 1) // ordinal 1 is live
+			d := append(soakQUICLong(r, 2, cid, 100), soakQUICLong(r, typ, cid, 1200)...)
+			_, err := c.WriteToUDPAddrPort(d, svc)
+			require.NoError(t, err)
+		}
+		elapsed := time.Since(start)
+		total += n
+		waitUntil(t, 10*time.Second, "every datagram counted", func() bool { return p.metric(t, receivedSeries("svc", "forward")) == total })
+		m := p.balanced(t)
+		fwd := m[forwardedSeries("svc", "forward")] - before.fwd
+		limited := m[droppedSeries("svc", "forward", "rate_limited")] - before.limited
+		t.Logf("packet type %d behind a Handshake: %d datagrams in %v, %v forwarded, %v rate_limited", typ, n, elapsed, fwd, limited)
+		require.LessOrEqual(t, fwd, admittedAtMost(elapsed), "the limit of packet type %d was bypassed", typ)
+		require.Equal(t, float64(n), fwd+limited)
+	}
+	// A Handshake packet alone is a session's, and not limited.
+	const alone = 50
+	before := forwardCounts(p.scrape(t))
+	for range alone {
+		_, err := c.WriteToUDPAddrPort(soakQUICLong(r, 2, soakLBCID(r, 1), 200), svc)
+		require.NoError(t, err)
+	}
+	waitUntil(t, 10*time.Second, "every datagram counted", func() bool {
+		return p.metric(t, receivedSeries("svc", "forward")) == total+alone
+	})
+	m := p.balanced(t)
+	require.Equal(t, float64(alone), m[forwardedSeries("svc", "forward")]-before.fwd)
+}
+
+// fwdCounts are the forward counters the QUIC mixing attack compares.
+type fwdCounts struct{ fwd, limited float64 }
+
+func forwardCounts(m map[string]float64) fwdCounts {
+	return fwdCounts{m[forwardedSeries("svc", "forward")], m[droppedSeries("svc", "forward", "rate_limited")]}
+}
+
+// 15.8: one client socket talks to two backends at once in transparent
+// mode (quic-go's Transport runs several connections on one socket).
+// Each datagram to the other backend used to close the first session's
+// upstream socket and lose its replies; both sessions live now, and
+// every reply arrives.
+func attackTwoSessionsOneSocket(t *testing.T, env *hostileEnv) {
+	echo0 := testecho.Start(t, testecho.Config{Prefix: "0|"})
+	echo1 := testecho.Start(t, testecho.Config{Prefix: "1|"})
+	svc := freeService(t)
+	p := env.start(t, "proxy", fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
+		{"name": "svc", "protocol": "dtls", "listen": "%v", "workers": 1, "proxy_protocol": false,
+		 "backends": [{"ordinal": 0, "address": "%v"}, {"ordinal": 1, "address": "%v"}]}]}`, svc, echo0.Addr(), echo1.Addr()))
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer c.Close()
+	const rounds = 50
+	got := map[string]int{}
+	buf := make([]byte, 2048)
+	for i := range rounds {
+		// Both sessions' datagrams before either reply, as two
+		// connections on one socket send.
+		for _, ord := range []uint8{0, 1} {
+			_, err := c.WriteToUDPAddrPort(cidRecord(t, ord, uint64(i)), svc)
+			require.NoError(t, err)
+		}
+		for range 2 {
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			require.NoError(t, err, "round %d: a reply is missing (so far %v)", i, got)
+			require.Equal(t, svc, from)
+			require.GreaterOrEqual(t, n, 2)
+			got[string(buf[:2])]++
+		}
+	}
+	require.Equal(t, map[string]int{"0|": rounds, "1|": rounds}, got)
+	m := p.balanced(t)
+	require.Equal(t, float64(2*rounds), m[forwardedSeries("svc", "forward")])
+	require.Equal(t, float64(2*rounds), m[forwardedSeries("svc", "reverse")], "every reply relayed")
+	require.Equal(t, float64(2), m[`cidroute_sessions{service="svc"}`], "two sessions, one client socket")
+}
+
+// TestImbalance: the balance check fails where there is nothing to
+// balance, and where outcomes have no received series.
+func TestImbalance(t *testing.T) {
+	require.NotEmpty(t, imbalance(map[string]float64{}), "no series")
+	require.NotEmpty(t, imbalance(map[string]float64{forwardedSeries("svc", "forward"): 3}), "outcomes alone")
+	m := map[string]float64{
+		receivedSeries("svc", "forward"):                      3,
+		forwardedSeries("svc", "forward"):                     2,
+		droppedSeries("svc", "forward", "rate_limited"):       1,
+		receivedSeries("svc", "reverse"):                      0,
+		droppedSeries("svc", "reverse", "bad_destination"):    0,
+		droppedSeries("other", "reverse", "untrusted_sender"): 0,
+		receivedSeries("other", "reverse"):                    0,
+	}
+	require.Empty(t, imbalance(m))
+	m[droppedSeries("svc", "forward", "malformed")] = 1
+	require.NotEmpty(t, imbalance(m))
 }

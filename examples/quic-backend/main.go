@@ -70,7 +70,7 @@ func run(drain, kill context.Context, args []string, stderr io.Writer, started f
 	}
 	var keys *cidkeys.File
 	if err == nil {
-		keys, err = keyFlags.Open(*cidLen, backendcfg.IsSet(fs, "cid-len"))
+		keys, err = keyFlags.Open(drain, *cidLen, backendcfg.IsSet(fs, "cid-len"))
 	}
 	codec := "QUIC-LB plaintext"
 	if keys != nil {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"time"
 )
 
@@ -25,6 +26,13 @@ var (
 // does not wait for a writer (O_NONBLOCK where the system has it), so a
 // FIFO is refused at once, as is anything else that is not a regular file.
 func Regular(path string, limit int64) ([]byte, error) {
+	return RegularFunc(path, limit, nil)
+}
+
+// RegularFunc is Regular with check, when not nil, run on the opened
+// file's information before anything is read (a key file's mode): the
+// file checked is the file read, whatever happens to the name meanwhile.
+func RegularFunc(path string, limit int64, check func(fs.FileInfo) error) ([]byte, error) {
 	f, err := open(path)
 	if err != nil {
 		return nil, err
@@ -36,6 +44,11 @@ func Regular(path string, limit int64) ([]byte, error) {
 	}
 	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s: %w (%v)", path, ErrNotRegular, fi.Mode().Type())
+	}
+	if check != nil {
+		if err := check(fi); err != nil {
+			return nil, err
+		}
 	}
 	if fi.Size() > limit {
 		return nil, fmt.Errorf("%s: %w: %d bytes, limit %d", path, ErrTooLarge, fi.Size(), limit)

@@ -132,7 +132,7 @@ type Config struct {
 	// and then an arbitrary route is evicted.
 	MaxRoutes int
 	// RouteIdle is how long a route lives without being committed again
-	// (0 = 5 minutes).
+	// (0 = 5 minutes; at least MinRouteIdle).
 	RouteIdle time.Duration
 	// ManualCommit turns off commit-on-write (see Conn.WriteTo); routes
 	// are then made only by Commit.
@@ -150,6 +150,10 @@ type Config struct {
 	// trusted set and the count so far (Stats.DroppedUntrusted).
 	Logger *slog.Logger
 }
+
+// MinRouteIdle is the shortest Config.RouteIdle: a route must outlive the
+// round trip of the reply it is made for, or every reply loses it.
+const MinRouteIdle = time.Second
 
 const (
 	defaultMaxRoutes   = 65536
@@ -178,8 +182,8 @@ func (cfg *Config) setDefaults() error {
 	switch {
 	case cfg.MaxRoutes < 1:
 		return fmt.Errorf("backend: MaxRoutes %d: want at least 1: %w", cfg.MaxRoutes, ErrConfig)
-	case cfg.RouteIdle < 0:
-		return fmt.Errorf("backend: RouteIdle %v is negative: %w", cfg.RouteIdle, ErrConfig)
+	case cfg.RouteIdle < MinRouteIdle:
+		return fmt.Errorf("backend: RouteIdle %v: want 0 (default %v) or at least %v: %w", cfg.RouteIdle, defaultRouteIdle, MinRouteIdle, ErrConfig)
 	case cfg.Batch < 1 || cfg.Batch > 1024:
 		return fmt.Errorf("backend: Batch %d: want 1 to 1024 datagrams: %w", cfg.Batch, ErrConfig)
 	case cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535:

@@ -431,6 +431,7 @@ func TestConfigErrors(t *testing.T) {
 	for _, cfg := range []Config{
 		{MaxRoutes: -1},
 		{RouteIdle: -1},
+		{RouteIdle: 3},
 		{Batch: 2000},
 		{MaxDatagram: 10},
 		{Direct: 9},
@@ -446,7 +447,8 @@ func TestConfigErrors(t *testing.T) {
 	// Each message names the field at fault.
 	for want, cfg := range map[string]Config{
 		"MaxRoutes -1":                 {MaxRoutes: -1},
-		"RouteIdle -1ns is negative":   {RouteIdle: -1},
+		"RouteIdle -1ns: want":         {RouteIdle: -1},
+		"RouteIdle 3ns: want":          {RouteIdle: 3},
 		"Batch 2000":                   {Batch: 2000},
 		"MaxDatagram 10":               {MaxDatagram: 10},
 		"unknown Direct policy 9":      {Direct: 9},

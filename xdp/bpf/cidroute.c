@@ -6,7 +6,7 @@
 // Router does, routed by the CID's ordinal or by the same weighted HRW
 // (hrw's bucket table and seeded XXH64), given a PROXY v2 header and sent to
 // the backend. Reverse: a backend's reply to the proxy's upstream port is
-// checked as worker.go's reply does, stripped and sent to the client.
+// checked as Router.Reverse checks it, stripped and sent to the client.
 //
 // Whatever this program is not sure to decide exactly as the Go pipeline
 // would goes up with XDP_PASS to the pipeline's sockets: fragments, IP
@@ -53,6 +53,7 @@ enum {
 	R_BAD_PROXY_HEADER = 8,
 	R_BAD_DESTINATION = 9,
 	R_UNROUTABLE = 12,
+	R_OWN_ADDRESS = 13,
 	R_PASSED = 15,
 	NUM_SLOTS = 16,
 	R_PASS = 255, // internal: hand the datagram to the stack
@@ -1230,6 +1231,44 @@ static __noinline int fwd_send(struct xdp_md *ctx, struct frame *fr, struct svc_
 	return emit(ctx, fr->hl, hl);
 }
 
+static __always_inline int is_local(const __u8 *ip)
+{
+	return bpf_map_lookup_elem(&locals, (void *)ip) != NULL;
+}
+
+// own_backend is the forward rule's own-address test (Router.Forward's
+// OwnAddress) for a backend at ip, port: 1 when it is the service's public
+// address, a service's listen address, or a wildcard service's port on
+// this host; R_PASS when it is another address of this host (an upstream
+// port or a socket the program does not know: the pipeline's own set
+// decides); 0 when it is no address of this process.
+static __noinline int own_backend(struct svc_cfg *s, const __u8 *ip, __u16 port)
+{
+	if (port == s->pub.port && addr_eq(ip, s->pub.ip))
+		return 1;
+	struct svc_key k = {};
+	__builtin_memcpy(k.a.ip, ip, 16);
+	k.a.port = port;
+	if (bpf_map_lookup_elem(&services, &k))
+		return 1;
+	int v4 = is4(ip);
+	int host = unspecified(ip) || is_local(ip);
+	if (v4)
+		host |= ip[12] == 127;
+	else
+		host |= *(const __u64 *)ip == 0 && *(const __u64 *)(ip + 8) == bpf_cpu_to_be64(1);
+	if (!host)
+		return 0;
+	__builtin_memset(k.a.ip, 0, 16);
+	if (v4) {
+		k.a.ip[10] = 0xff;
+		k.a.ip[11] = 0xff;
+	}
+	if (bpf_map_lookup_elem(&services, &k))
+		return 1;
+	return R_PASS;
+}
+
 static __noinline int forward(struct xdp_md *ctx, struct frame *fr, struct svc_cfg *s, __u16 csum)
 {
 	__u32 id = s->id;
@@ -1272,6 +1311,13 @@ static __noinline int forward(struct xdp_md *ctx, struct frame *fr, struct svc_c
 	if (!sc)
 		goto pass;
 	struct backend *b = &sn->be[ord & 0xff];
+	r = own_backend(s, b->ip, b->port);
+	if (r == R_PASS)
+		goto pass;
+	if (r) {
+		count(id, DIR_FORWARD, R_OWN_ADDRESS);
+		return XDP_DROP;
+	}
 	struct out *o = &sc->o;
 	o->sport = s->up_port;
 	o->dport = b->port;
@@ -1323,29 +1369,29 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 	return eq;
 }
 
-static __always_inline int is_local(const __u8 *ip)
-{
-	return bpf_map_lookup_elem(&locals, (void *)ip) != NULL;
-}
-
-// valid_client is worker.go's validClient for a: 1 valid, 0 not, or R_PASS
-// when the stack must deliver it (one of this host's addresses).
+// valid_client is the client test of Router.Reverse (route.go's
+// validClient) for a: 1 valid, 0 not, or R_PASS where the program cannot
+// know the pipeline's own-address set (another address of this host).
 static __always_inline int valid_client(struct svc_cfg *s, const __u8 *ip, __u16 port)
 {
 	if (port == 0)
 		return 0;
-	if (is4(ip)) {
-		__u32 a = (__u32)ip[12] << 24 | (__u32)ip[13] << 16 | (__u32)ip[14] << 8 | ip[15];
-		if (a == 0 || (a >> 28) == 14 || a == 0xffffffff)
-			return 0;
+	int v4 = is4(ip);
+	__u32 a = (__u32)ip[12] << 24 | (__u32)ip[13] << 16 | (__u32)ip[14] << 8 | ip[15];
+	__u64 hi = *(const __u64 *)ip, lo = *(const __u64 *)(ip + 8);
+	if (v4 && (a == 0 || (a >> 28) == 14 || a == 0xffffffff))
+		return 0;
+	if (!v4 && ((hi == 0 && lo == 0) || ip[0] == 0xff))
+		return 0;
+	// The rule refuses a client of the other family than the public
+	// address (BadDestination); a dual-stack wildcard socket could still
+	// send there, so the program leaves the question to it.
+	if (v4 != is4(s->pub.ip))
+		return R_PASS;
+	if (v4) {
 		if ((a >> 24) == 127)
 			return (s->pub.ip[12] == 127 && is4(s->pub.ip)) ? R_PASS : 0;
 	} else {
-		__u64 hi = *(const __u64 *)ip, lo = *(const __u64 *)(ip + 8);
-		if (hi == 0 && lo == 0)
-			return 0;
-		if (ip[0] == 0xff)
-			return 0;
 		if (hi == 0 && lo == bpf_cpu_to_be64(1)) {
 			__u64 phi = *(const __u64 *)s->pub.ip, plo = *(const __u64 *)(s->pub.ip + 8);
 			return (phi == 0 && plo == bpf_cpu_to_be64(1)) ? R_PASS : 0;
@@ -1473,12 +1519,18 @@ static __noinline int reverse(struct xdp_md *ctx, struct frame *fr, __u32 id, __
 		count(id, DIR_REVERSE, R_BAD_DESTINATION);
 		return XDP_DROP;
 	}
+	__u32 hl = 16 + al;
+	if (n == hl) {
+		// A header without payload: DTLS and QUIC send no empty
+		// datagrams, and a 0-byte one would only probe the client.
+		count(id, DIR_REVERSE, R_MALFORMED);
+		return XDP_DROP;
+	}
 	if (!plain_unicast(dst.ip))
 		goto pass;
 
 	// The payload follows the header; it loses the header's share of the
 	// sum (its offset is even, so the sums subtract).
-	__u32 hl = 16 + al;
 	__u64 hsum = al == 12 ? sum32(h, 28) : sum32(h, 52);
 	struct out *o = &sc->o;
 	o->sport = s->listen.port; // the service socket's

@@ -28,8 +28,9 @@ func (f *CIDKeyFlags) Register(fs *flag.FlagSet) {
 
 // Open returns nil without -cid-keys; else the key file with its codec,
 // whose length is cidLen (the -cid-len flag, explicit when lenSet) or 2 +
-// -cid-nonce-len. Keep the codec in step with the file by Watch.
-func (f *CIDKeyFlags) Open(cidLen int, lenSet bool) (*cidkeys.File, error) {
+// -cid-nonce-len. Keep the codec in step with the file by Watch. ctx
+// cancels the read.
+func (f *CIDKeyFlags) Open(ctx context.Context, cidLen int, lenSet bool) (*cidkeys.File, error) {
 	if f.Keys == "" {
 		if f.NonceLen != 0 {
 			return nil, fmt.Errorf("-cid-nonce-len needs -cid-keys")
@@ -43,7 +44,7 @@ func (f *CIDKeyFlags) Open(cidLen int, lenSet bool) (*cidkeys.File, error) {
 	case lenSet && cidLen != nonce+2:
 		return nil, fmt.Errorf("-cid-len %d and -cid-nonce-len %d disagree: an encrypted CID is 2 + nonce octets", cidLen, nonce)
 	}
-	kf, err := cidkeys.Open(f.Keys, nonce)
+	kf, err := cidkeys.Open(ctx, f.Keys, nonce)
 	if err != nil {
 		return nil, fmt.Errorf("-cid-keys: %w", err)
 	}

@@ -122,7 +122,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 // serve runs the proxy described by cfg until ctx is done.
 func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts Options) error {
 	log.Info("cidproxy starting", "config", cfg.Summary())
-	p, err := newProxy(cfg, log, opts)
+	p, err := newProxy(ctx, cfg, log, opts)
 	if err != nil {
 		return err
 	}

@@ -115,7 +115,7 @@ func runDemo(ctx context.Context, out io.Writer, log *slog.Logger, d time.Durati
 		rcfg := *cfg
 		rcfg.Services = []proxyconfig.Service{cfg.Services[0]}
 		rcfg.Services[0].Backends = demoReplicaBackends(i, list)
-		r, err := newProxy(&rcfg, log, Options{})
+		r, err := newProxy(ctx, &rcfg, log, Options{})
 		if err != nil {
 			return fmt.Errorf("replica: %w", err)
 		}

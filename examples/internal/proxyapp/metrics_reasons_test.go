@@ -1,6 +1,7 @@
 package proxyapp
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
@@ -21,7 +22,7 @@ func TestMetricsListEveryReason(t *testing.T) {
 	cfg, err := proxyconfig.Parse(strings.NewReader(fmt.Sprintf(`{"services": [{"name": "d", "protocol": "dtls",
 		"listen": "127.0.0.1:%d", "workers": 1, "backends": [{"ordinal": 0, "address": "127.0.0.1:9"}]}]}`, freePort(t, "udp"))))
 	require.NoError(t, err)
-	p, err := newProxy(cfg, slog.New(slog.DiscardHandler), Options{})
+	p, err := newProxy(context.Background(), cfg, slog.New(slog.DiscardHandler), Options{})
 	require.NoError(t, err)
 	defer p.close()
 	rec := httptest.NewRecorder()

@@ -32,12 +32,13 @@ type proxy struct {
 var cidKeysPoll = time.Second
 
 // newProxy builds the registries and the pipeline (which opens every
-// socket, so a busy port fails here) and starts the sources.
-func newProxy(cfg *proxyconfig.Config, log *slog.Logger, opts Options) (*proxy, error) {
+// socket, so a busy port fails here) and starts the sources. start
+// cancels the reads of the start-up (the CID key files).
+func newProxy(start context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts Options) (*proxy, error) {
 	p := &proxy{log: log}
 	ctx, cancel := context.WithCancel(context.Background())
 	p.stopSources = cancel
-	regs, err := cfg.Build(proxyconfig.Options{Logger: log, Kubernetes: opts.Kubernetes, Join: opts.join, KeysPoll: cidKeysPoll})
+	regs, err := cfg.Build(proxyconfig.Options{Logger: log, Kubernetes: opts.Kubernetes, Join: opts.join, KeysPoll: cidKeysPoll, Context: start})
 	if err != nil {
 		cancel()
 		return nil, err

@@ -1,6 +1,7 @@
 package proxyapp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,7 +32,7 @@ func TestXDPNeedsTheBuildAndTheInterface(t *testing.T) {
 	cfg, err := proxyconfig.Parse(strings.NewReader(`{"xdp_interfaces": ["lo"], "services": [{"name": "coaps", "protocol": "dtls", "listen": "` + listen + `", "backends": [{"ordinal": 0, "address": "127.0.0.1:6000"}]}]}`))
 	require.NoError(t, err)
 	log := slog.New(slog.DiscardHandler)
-	_, err = newProxy(cfg, log, Options{})
+	_, err = newProxy(context.Background(), cfg, log, Options{})
 	require.ErrorIs(t, err, errNoXDP)
 
 	var got []string
@@ -41,14 +42,14 @@ func TestXDPNeedsTheBuildAndTheInterface(t *testing.T) {
 		got, gotServices = interfaces, services
 		return nil, started
 	}}
-	_, err = newProxy(cfg, log, opts)
+	_, err = newProxy(context.Background(), cfg, log, opts)
 	require.ErrorIs(t, err, started)
 	require.Equal(t, []string{"lo"}, got)
 	require.Len(t, gotServices, 1)
 	require.Equal(t, "coaps", gotServices[0].Name)
 
 	cfg.XDPInterfaces = []string{"no-such-if0"}
-	_, err = newProxy(cfg, log, opts)
+	_, err = newProxy(context.Background(), cfg, log, opts)
 	require.ErrorContains(t, err, "no-such-if0")
 
 }
