@@ -71,7 +71,8 @@ func (p Protocol) String() string {
 	return "invalid"
 }
 
-// ParseProtocol parses "dtls" or "quic".
+// ParseProtocol parses "dtls" or "quic". Anything else is an error
+// wrapping ErrConfig.
 func ParseProtocol(s string) (Protocol, error) {
 	switch s {
 	case "dtls":
@@ -79,7 +80,7 @@ func ParseProtocol(s string) (Protocol, error) {
 	case "quic":
 		return QUIC, nil
 	}
-	return 0, fmt.Errorf("cidroute: protocol %q: want \"dtls\" or \"quic\"", s)
+	return 0, fmt.Errorf("cidroute: protocol %q: want \"dtls\" or \"quic\": %w", s, ErrConfig)
 }
 
 // Default CID lengths: those of the built-in codecs' zero values, 8 for

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/health"
 	"github.com/cidroute/cidroute/registry"
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,10 +37,10 @@ func (f *probeFlags) set() bool { return *f.dtls != "" || *f.quic != "" }
 // run sends the probe; the exit code is 0 when a healthy stack answered,
 // 1 when not, 2 on bad arguments.
 func (f *probeFlags) run(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) int {
-	cfg := health.ProbeConfig{Protocol: health.DTLS, Direct: *f.direct}
+	cfg := health.ProbeConfig{Protocol: cidroute.DTLS, Direct: *f.direct}
 	target := *f.dtls
 	if *f.quic != "" {
-		cfg.Protocol, target = health.QUIC, *f.quic
+		cfg.Protocol, target = cidroute.QUIC, *f.quic
 	}
 	addr, err := netip.ParseAddrPort(target)
 	switch {

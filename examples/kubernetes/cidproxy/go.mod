@@ -1,5 +1,7 @@
 module github.com/cidroute/cidroute/examples/kubernetes/cidproxy
 
+// go 1.26: k8s.io/client-go v0.37.2 (through registry/kubernetes) and
+// prometheus/client_golang v1.25.0 (through the examples module) declare it.
 go 1.26.0
 
 require (
