@@ -22,6 +22,9 @@ var (
 	ErrDecode           = errors.New("registry: bad backend list")
 )
 
+// ErrConfig is wrapped by the errors of an invalid Config (New, NewStatic).
+var ErrConfig = errors.New("registry: invalid configuration")
+
 // MaxOrdinal is the highest ordinal a backend may have; 255 is reserved.
 const MaxOrdinal = 254
 

@@ -10,7 +10,8 @@
 // with an error wrapping one of the Err* sentinels, counted, and the
 // previous snapshot stays: every source goes through this one validation.
 // A source that cannot even produce a list (a file that does not decode)
-// counts that with [Registry.Reject].
+// counts that with [Registry.Reject]. [NewStatic] builds a registry that
+// holds a fixed list in one call, with no source at all.
 //
 // A snapshot answers the per-datagram questions without allocating:
 // [Snapshot.Serving] (the backend a CID's ordinal names, if it is ready or
