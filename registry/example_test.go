@@ -128,3 +128,15 @@ func ExampleNewStatic() {
 	fmt.Println(b.Addr, b.Weight, b.State)
 	// Output: 10.0.0.11:5684 2 ready
 }
+
+// A backend's ordinal: the -ordinal flag when given, else the suffix of
+// its pod's name (HOSTNAME in Kubernetes, ds-2 → 2), parsed as the proxies'
+// Kubernetes source parses it.
+func ExampleOwnOrdinal() {
+	flag := -1 // -ordinal not given
+	ord, from, err := registry.OwnOrdinal(flag)
+	if err != nil {
+		log.Fatal(err) // "registry: no usable ordinal" outside a StatefulSet
+	}
+	log.Printf("ordinal %d (from %s)", ord, from)
+}

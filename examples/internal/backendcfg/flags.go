@@ -1,3 +1,8 @@
+// Package backendcfg holds the command-line plumbing the example backends
+// (examples/dtls-backend, examples/quic-backend) share: the listen address,
+// the ordinal, taken from a flag or from the pod's hostname as in a
+// StatefulSet (ds-2 → 2, registry.OwnOrdinal), the trusted proxy list, the
+// direct-datagram policy and the log level.
 package backendcfg
 
 import (
@@ -14,6 +19,7 @@ import (
 	"time"
 
 	"github.com/cidroute/cidroute/ppv2/backend"
+	"github.com/cidroute/cidroute/registry"
 )
 
 // DefaultTrusted is the -trusted-proxies default: backend's
@@ -75,7 +81,7 @@ func (f *Flags) Register(fs *flag.FlagSet, listen, pod, initials string) {
 type Settings struct {
 	Log            *slog.Logger
 	Ordinal        uint8
-	OrdinalFrom    string // which source Resolve used
+	OrdinalFrom    string // which source registry.OwnOrdinal used
 	Listen         netip.AddrPort
 	TrustedProxies []netip.Prefix
 	Direct         backend.DirectPolicy
@@ -93,7 +99,7 @@ func (f *Flags) Parse(fs *flag.FlagSet, stderr io.Writer) (Settings, error) {
 	if s.Log, err = Logger(stderr, f.Level); err != nil {
 		return s, err
 	}
-	if s.Ordinal, s.OrdinalFrom, err = Resolve(f.Ordinal, nil); err != nil {
+	if s.Ordinal, s.OrdinalFrom, err = registry.OwnOrdinal(f.Ordinal); err != nil {
 		return s, err
 	}
 	if s.Listen, err = netip.ParseAddrPort(f.Listen); err != nil {
