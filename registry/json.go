@@ -19,8 +19,9 @@ import (
 //	]
 //
 // "ordinal" (0–254) and "address" (ip:port, IPv6 in brackets) are required.
-// "weight" defaults to 1; an explicit 0 is an error ([ErrZeroWeight]), since
-// a file that says 0 means "no new sessions", which is what "draining" says.
+// "weight" defaults to 1, as a zero Weight does in Go; an explicit 0 is an
+// error ([ErrZeroWeight]), since a file that says 0 means "no new
+// sessions", which is what "draining" says.
 // "state" is "ready" (the default), "draining" or "gone". Keys are matched
 // exactly (case-sensitive); unknown or repeated keys are errors.
 
@@ -116,7 +117,7 @@ func (b *Backend) UnmarshalJSON(data []byte) error {
 				return fmt.Errorf("%w: weight %s is not an integer 1-%d", ErrDecode, n, uint32(1<<32-1))
 			}
 			if v == 0 {
-				return fmt.Errorf("%w (use \"state\": \"draining\" to stop new sessions)", ErrZeroWeight)
+				return fmt.Errorf("%w (leave \"weight\" out for the default, 1; \"state\": \"draining\" stops new sessions)", ErrZeroWeight)
 			}
 			out.Weight = uint32(v)
 		case "state":
