@@ -187,7 +187,9 @@ type RouterConfig struct {
 	// (DTLS) or quic.LB of CIDLen (QUIC).
 	Codec CIDCodec
 	// CIDLen is the CID length when Codec is nil: 0 means 8 (DTLS) or 12
-	// (QUIC).
+	// (QUIC). A QUIC service refuses 8, and the ordinal-first codec of 8
+	// or more octets, whatever the codec (quic.CheckServerCIDLen): a
+	// client's random first DCID could pass for a server CID.
 	CIDLen int
 	// Classifier nil means the protocol's classifier for Codec.Len().
 	Classifier Classifier
@@ -259,6 +261,11 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	} else if cfg.CIDLen != 0 && cfg.CIDLen != r.codec.Len() {
 		return nil, fmt.Errorf("router: CID length %d but codec length %d: %w", cfg.CIDLen, r.codec.Len(), ErrConfig)
 	}
+	if cfg.Protocol == QUIC {
+		if err := checkQUICCodec(r.codec); err != nil {
+			return nil, fmt.Errorf("router: %w: %w", err, ErrConfig)
+		}
+	}
 	if r.cls == nil {
 		switch cfg.Protocol {
 		case DTLS:
@@ -275,6 +282,21 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	r.cidLen = r.codec.Len()
 	r.fast = newDispatch(r.cls, r.codec, r.enc)
 	return r, nil
+}
+
+// checkQUICCodec refuses CID layouts whose server CIDs a client's random
+// first DCID can pass for (quic.CheckServerCIDLen): new sessions would be
+// routed by those random bytes instead of by HRW.
+func checkQUICCodec(c CIDCodec) error {
+	n := c.Len()
+	if err := quic.CheckServerCIDLen(n); err != nil {
+		return err
+	}
+	if _, ok := c.(dtls.OrdinalFirst); ok && n >= quic.MinInitialDCIDLen {
+		return fmt.Errorf("%w: the ordinal-first codec of %d octets on QUIC: it decodes nearly every client DCID of that length (use QUIC-LB, or fewer than %d octets)",
+			quic.ErrServerCIDLen, n, quic.MinInitialDCIDLen)
+	}
+	return nil
 }
 
 // Codec returns the router's CID codec.

@@ -194,10 +194,32 @@ func TestRouterConfig(t *testing.T) {
 		_, err := NewRouter(cfg)
 		assert.ErrorIs(t, err, ErrConfig, "%+v", cfg)
 	}
-	r, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}})
+	r, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 6}})
 	require.NoError(t, err)
 	d, _ := route(r, nil, quicShort(ordinalCID(t, r.Codec(), 3)), client1)
-	assert.Equal(t, uint8(3), d.Ordinal, "a QUIC service may use the ordinal-first codec")
+	assert.Equal(t, uint8(3), d.Ordinal, "a QUIC service may use the ordinal-first codec shorter than a client's DCID")
+}
+
+// TestQUICServerCIDLen: a QUIC service whose server CIDs a client's random
+// first DCID can pass for is refused, saying why.
+func TestQUICServerCIDLen(t *testing.T) {
+	reg := threeBackends(t)
+	for name, cfg := range map[string]RouterConfig{
+		"QUIC-LB of 8":        {CIDLen: 8},
+		"ordinal-first of 8":  {Codec: dtls.OrdinalFirst{}},
+		"ordinal-first of 12": {Codec: dtls.OrdinalFirst{Length: 12}},
+	} {
+		cfg.Protocol, cfg.PublicAddr, cfg.Backends = QUIC, svcAddr, reg
+		_, err := NewRouter(cfg)
+		assert.ErrorIs(t, err, ErrConfig, name)
+		assert.ErrorIs(t, err, quic.ErrServerCIDLen, name)
+	}
+	for _, n := range []int{6, 7, 9, 12, 20} {
+		_, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, CIDLen: n})
+		assert.NoError(t, err, "QUIC-LB of %d", n)
+	}
+	_, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg, CIDLen: 8})
+	assert.NoError(t, err, "DTLS has no client DCID")
 }
 
 func TestCustomClassifier(t *testing.T) {
