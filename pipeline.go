@@ -101,6 +101,7 @@ type service struct {
 	cfg     Service
 	router  *Router
 	workers []*worker
+	lenLog  lengthWarning
 }
 
 // New validates cfg and opens every socket, so that a bad address fails
@@ -260,6 +261,7 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 		closeAll(group)
 		return nil, err
 	}
+	s.lenLog.log, s.lenLog.want = p.log.With("service", sc.Name), s.router.cidLen
 	p.bound = append(p.bound, s.cfg.Listen)
 	for _, in := range group {
 		w, err := p.newWorker(s, in, cfg)
@@ -282,7 +284,7 @@ func (p *Pipeline) newWorker(s *service, in *net.UDPConn, cfg Config) (*worker, 
 		return nil, err
 	}
 	rp := &replies{router: s.router, own: &p.own, out: w.in}
-	w.rp = rp
+	w.rp, w.lenLog = rp, &s.lenLog
 	if sc.Transparent {
 		w.up = newSessionTable(rp, sc.MaxSessions, sc.SessionIdle, cfg.MaxDatagram)
 		return w, nil

@@ -1,12 +1,15 @@
 package cidroute
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"runtime"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -365,4 +368,51 @@ func BenchmarkPipelineEcho(b *testing.B) {
 	b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/n, "proc-allocs/datagram")
 	b.ReportMetric(float64(lost)/n, "loss")
 	b.ReportMetric(n/b.Elapsed().Seconds(), "roundtrips/s")
+}
+
+// TestPipelineCIDLengthLogged: datagrams whose CIDs have another length
+// than the service's are counted as cid_length and logged, once per
+// window, with both lengths.
+func TestPipelineCIDLengthLogged(t *testing.T) {
+	var logs syncBuffer
+	e := startEcho(t, 0)
+	reg := newRegistry(t, 42, registry.Backend{Ordinal: 0, Addr: e.Addr()})
+	p, err := New(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Services: []Service{{
+		Name: "coaps", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
+		RouterConfig: RouterConfig{Protocol: DTLS, PublicAddr: publicAddr, Backends: reg}}}})
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(context.Background()) }()
+	defer func() {
+		require.NoError(t, p.Close())
+		require.NoError(t, <-errc)
+	}()
+	to, _ := p.Addr("coaps")
+	c := newClient(t)
+	for range 3 {
+		assert.Equal(t, -1, c.ask(to, dtlsCIDRecord([]byte{0, 1, 2, 3, 4, 5}, 1, []byte("from a backend that issues 6-byte CIDs"))))
+	}
+	require.Eventually(t, func() bool { return p.Stats()[0].Forward.Dropped[CIDLength] == 3 }, 5*time.Second, 10*time.Millisecond)
+	out := logs.String()
+	assert.Contains(t, out, "service=coaps")
+	assert.Contains(t, out, "cid_len=8 seen_len=6")
+	assert.Equal(t, 1, strings.Count(out, "seen_len="), "one line per window: %s", out)
+}
+
+// syncBuffer is a bytes.Buffer that a logger and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

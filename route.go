@@ -120,6 +120,30 @@ func (p Protocol) StartsSession(b []byte, cidLen int) bool {
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("cidroute: invalid configuration")
 
+// ErrCIDLength is the Decision.Err of a datagram dropped as CIDLength: it
+// carries a server CID of another length than the service's, which only a
+// misconfiguration produces (backends that issue CIDs of one length, a
+// proxy configured with another). Decision.Class.ID is then that CID, of
+// its own length. What can be told on the wire:
+//
+//   - a QUIC long header packet names its DCID length: a Handshake packet
+//     (the first packet of the datagram) whose DCID is not of the service's
+//     length is CIDLength, also when the rest of the datagram does not
+//     parse (quic-go coalesces its Handshake and 1-RTT packets);
+//   - a DTLS tls12_cid record and a QUIC short header do not. A DTLS
+//     datagram the classifier rejects is CIDLength when it is well formed
+//     under another CID length (dtls.MismatchedCID), tried on the drop path
+//     only. A short header is read with the service's length whatever the
+//     client meant: a CID longer or shorter than that still routes by its
+//     ordinal octet when the codec's ordinal sits inside both (byte 0 for
+//     ordinal-first, byte 1 for QUIC-LB plaintext), or is dropped by the
+//     codec's own checks; neither is told apart from a good route or
+//     another drop.
+//
+// The built-in classifiers only: a custom Classifier's rejections stay
+// Malformed, and its established CIDs of another length CIDLength.
+var ErrCIDLength = errors.New("cidroute: CID of another length than the service's")
+
 // UnroutablePolicy says what the forward rule does with a datagram whose
 // CID the codec marks not routable: a QUIC-LB CID with config rotation
 // 0b111, or with a rotation codepoint this service is not configured with.
@@ -335,9 +359,11 @@ type Decision struct {
 	// backend's ordinal.
 	Backend netip.AddrPort
 	Ordinal uint8
-	// Class is the classifier's verdict (zero when Malformed).
+	// Class is the classifier's verdict (zero when Malformed; for
+	// CIDLength, the CID as it came, of its own length).
 	Class Class
-	// Err is the classifier's or encoder's error when Reason is Malformed.
+	// Err is the classifier's or encoder's error when Reason is Malformed,
+	// ErrCIDLength when it is CIDLength.
 	Err error
 }
 
@@ -347,14 +373,15 @@ type Decision struct {
 // (as the PPv2 destination) only when the public address is a wildcard,
 // and may be the zero Addr otherwise. In order:
 //
-//   - a datagram the classifier rejects is Malformed;
+//   - a datagram the classifier rejects is Malformed, or CIDLength when
+//     it carries a server CID of another length (ErrCIDLength);
 //   - v.Admission refuses it (RateLimited); whatever starts a session
 //     anywhere in the datagram counts against the handshake and 0-RTT
 //     limits (see Class);
 //   - an established session (a CID the servers issued) goes to the
 //     backend its ordinal names while that backend serves (UnknownOrdinal,
-//     NotServing), never re-hashed; an unroutable CID per
-//     RouterConfig.Unroutable;
+//     NotServing), never re-hashed, if it has the service's CID length
+//     (CIDLength); an unroutable CID per RouterConfig.Unroutable;
 //   - a new session goes by HRW to a ready backend (NoReadyBackend), unless
 //     the registry is stale (StaleRegistry); a QUIC Initial whose DCID is a
 //     server CID of a serving backend goes to that backend;
@@ -374,6 +401,9 @@ func (r *Router) Forward(hdr, b []byte, client netip.AddrPort, local netip.Addr,
 func (r *Router) forward(d *Decision, hdr, b []byte, client netip.AddrPort, local netip.Addr, v *View) []byte {
 	if err := r.classify(b, &d.Class); err != nil {
 		d.Reason, d.Err = Malformed, err
+		if r.mismatchedCID(b, &d.Class) {
+			d.Reason, d.Err = CIDLength, ErrCIDLength
+		}
 		return hdr
 	}
 	if v.Admission != nil && !v.Admission.Admit(d.Class, client, v.Now) {
@@ -386,6 +416,9 @@ func (r *Router) forward(d *Decision, hdr, b []byte, client netip.AddrPort, loca
 	}
 	if reason != Forwarded {
 		d.Reason = reason
+		if reason == CIDLength {
+			d.Err = ErrCIDLength
+		}
 		return hdr
 	}
 	out := hdr
@@ -501,6 +534,30 @@ func (r *Router) reverse(rep *Reply, b []byte, from netip.AddrPort, sess Session
 	}
 }
 
+// mismatchedCID reports, for datagram b that the classifier rejected,
+// whether it carries a server CID of another length (see ErrCIDLength),
+// and sets c to that CID. It runs on the drop path only.
+func (r *Router) mismatchedCID(b []byte, c *Class) bool {
+	var cid []byte
+	switch cls := r.cls.(type) {
+	case DTLSClassifier:
+		var ok bool
+		if cid, ok = dtls.MismatchedCID(b, cls.CIDLen); !ok {
+			return false
+		}
+	case QUICClassifier:
+		h, err := quic.ParseHeader(b, cls.CIDLen)
+		if err != nil || h.Type != quic.Handshake || len(h.DCID) == cls.CIDLen {
+			return false
+		}
+		cid = h.DCID
+	default:
+		return false
+	}
+	*c = Class{Kind: KindEstablished, ID: cid}
+	return true
+}
+
 // isPublic reports whether a is the public address; when that is a
 // wildcard, any unicast address on its port.
 func (r *Router) isPublic(a netip.AddrPort) bool {
@@ -539,7 +596,7 @@ func (r *Router) decide(snap *registry.Snapshot, stale bool, c *Class, client ne
 	switch c.Kind {
 	case KindEstablished:
 		if len(c.ID) != r.cidLen {
-			return nil, UnknownOrdinal // a server CID always has the service's length
+			return nil, CIDLength // a QUIC Handshake DCID: a server CID has the service's length
 		}
 		ord, routable := r.ordinal(c.ID)
 		if !routable {

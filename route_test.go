@@ -117,6 +117,42 @@ func TestRouteTable(t *testing.T) {
 	}
 }
 
+// TestRouteCIDLength: a server CID of another length than the service's
+// is its own drop reason wherever the wire tells it, with the CID as it
+// came; broken datagrams stay malformed.
+func TestRouteCIDLength(t *testing.T) {
+	reg := threeBackends(t)
+	dr, qr := dtlsRouter(t, reg), quicRouter(t, reg)
+	cid6 := []byte{0, 1, 2, 3, 4, 5}
+	cid20 := ordinalCID(t, quic.LB{Length: 20}, 0)
+	flight := append(append([]byte(nil), dtlsClientHello(1)...), dtlsCIDRecord(cid6, 1, []byte("finished, encrypted"))...)
+	for _, tc := range []struct {
+		name   string
+		r      *Router
+		b      []byte
+		reason Reason
+		id     []byte
+	}{
+		{"quic handshake, 6-byte dcid", qr, quicLong(2, cid6, []byte{1}, 0), CIDLength, cid6},
+		{"quic handshake, 20-byte dcid", qr, quicLong(2, cid20, []byte{1}, 0), CIDLength, cid20},
+		{"quic handshake + short header, 6-byte dcid", qr, append(quicLong(2, cid6, []byte{1}, 0), quicShort(cid6)...), CIDLength, cid6},
+		{"quic initial, 6-byte dcid: too short, not a server cid", qr, quicLong(0, cid6, nil, 1200), Forwarded, nil},
+		{"dtls cid record of 6 on an 8-byte service", dr, dtlsCIDRecord(cid6, 1, []byte("app data")), CIDLength, cid6},
+		{"dtls flight 5 of 6 on an 8-byte service", dr, flight, CIDLength, cid6},
+		{"dtls truncated cid record", dr, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 0), 1, []byte("xyz"))[:20], Malformed, nil},
+		{"quic garbage long header", qr, []byte{0xe0, 0, 0, 0, 1, 30}, Malformed, nil},
+	} {
+		d, _ := route(tc.r, make([]byte, 0, 64), tc.b, client1)
+		require.Equal(t, tc.reason, d.Reason, "%s: err %v", tc.name, d.Err)
+		if tc.reason == CIDLength {
+			assert.ErrorIs(t, d.Err, ErrCIDLength, tc.name)
+			assert.Equal(t, tc.id, d.Class.ID, tc.name)
+		}
+	}
+	assert.True(t, ForwardDrops.Has(CIDLength))
+	assert.Equal(t, "cid_length", CIDLength.String())
+}
+
 func TestRouteNewSessions(t *testing.T) {
 	t.Run("stale registry refuses new sessions only", func(t *testing.T) {
 		reg := &staleBackends{threeBackends(t)}
@@ -248,11 +284,13 @@ func TestRouteNoAllocs(t *testing.T) {
 		r *Router
 		b []byte
 	}{
-		"dtls cid":     {dr, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 0), 1, make([]byte, 100))},
-		"client hello": {dr, dtlsClientHello(1)},
-		"quic short":   {qr, quicShort(ordinalCID(t, qr.Codec(), 3))},
-		"quic initial": {qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200)},
-		"malformed":    {dr, []byte{25, 0xfe}},
+		"dtls cid":                         {dr, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 0), 1, make([]byte, 100))},
+		"client hello":                     {dr, dtlsClientHello(1)},
+		"quic short":                       {qr, quicShort(ordinalCID(t, qr.Codec(), 3))},
+		"quic initial":                     {qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200)},
+		"malformed":                        {dr, []byte{25, 0xfe}},
+		"dtls cid of another length":       {dr, dtlsCIDRecord([]byte{1, 2, 3, 4, 5, 6}, 1, make([]byte, 100))},
+		"quic handshake of another length": {qr, append(quicLong(2, []byte{1, 2, 3, 4, 5, 6}, []byte{1}, 0), quicShort(make([]byte, 6))...)},
 	} {
 		if n := testing.AllocsPerRun(200, func() { route(tc.r, hdr, tc.b, client1) }); n != 0 {
 			t.Errorf("%s: %v allocs per Route", name, n)
