@@ -29,7 +29,8 @@
 // # Pipeline
 //
 // A Pipeline is the proxy built from them. For each Service it binds
-// Workers SO_REUSEPORT sockets (package udpio); each worker reads a batch
+// Workers SO_REUSEPORT sockets (package udpio), or serves the sockets the
+// caller opened (Service.Conns); each worker reads a batch
 // with recvmmsg, applies Forward to every datagram and sends the routed
 // ones with sendmmsg from its upstream socket, header and payload as two
 // iovecs; the upstream reads the backends' replies in batches, applies
