@@ -16,7 +16,7 @@ import (
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/dtls"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 )
 
 // transparentPionServer is a stock pion/dtls v3 listener on a plain UDP

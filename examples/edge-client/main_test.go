@@ -15,7 +15,7 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/cidroutetest"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"

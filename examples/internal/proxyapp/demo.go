@@ -21,7 +21,7 @@ import (
 	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/dtls/piondtls"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/proxyconfig"
 	"github.com/cidroute/cidroute/registry"
