@@ -51,4 +51,22 @@
 //
 // Each service has its own Registry; nothing is shared between them, so a
 // failing or stale source of one service never affects another.
+//
+// # JSON format
+//
+// The JSON form of a backend list, read by [DecodeBackends] and the [File]
+// source, and the proxy configuration's "backends" key:
+//
+//	[
+//	  {"ordinal": 0, "address": "10.0.0.10:5684", "weight": 2, "state": "ready"},
+//	  {"ordinal": 1, "address": "[fd00::11]:5684"}
+//	]
+//
+// "ordinal" (0–254) and "address" (ip:port, IPv6 in brackets) are required.
+// "weight" defaults to 1, as a zero [Backend.Weight] does in Go; an
+// explicit 0 is an error ([ErrZeroWeight]), since a file that says 0 means
+// "no new sessions", which is what "draining" says. "state" is "ready"
+// (the default), "draining" or "gone". Keys are matched exactly
+// (case-sensitive); unknown or repeated keys are errors. The list is
+// validated whole ([Validate]).
 package registry
