@@ -367,7 +367,8 @@ type Decision struct {
 	Err error
 }
 
-// Forward is the forward rule, SPEC.md's routing table: it decides where
+// Forward is the forward rule, the routing table of docs/design.md (in the
+// repository): it decides where
 // datagram b from client goes, and appends its header to hdr. local is
 // the address the client sent it to, as the socket measured it; it is used
 // (as the PPv2 destination) only when the public address is a wildcard,
@@ -589,9 +590,9 @@ func (r *Router) validClient(a netip.AddrPort, own *OwnAddrs) bool {
 	return true
 }
 
-// decide is SPEC.md's routing table. It reads like the table: established
-// sessions by their CID's ordinal (never re-hashed), new ones by HRW over
-// ready backends. stale matters only for new sessions.
+// decide is the routing table of docs/design.md. It reads like the table:
+// established sessions by their CID's ordinal (never re-hashed), new ones
+// by HRW over ready backends. stale matters only for new sessions.
 func (r *Router) decide(snap *registry.Snapshot, stale bool, c *Class, client netip.AddrPort) (*registry.Backend, Reason) {
 	switch c.Kind {
 	case KindEstablished:

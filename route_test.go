@@ -43,7 +43,7 @@ func threeBackends(t testing.TB) *registry.Registry {
 	)
 }
 
-// TestRouteTable walks SPEC.md's routing table row by row.
+// TestRouteTable walks the routing table of docs/design.md row by row.
 func TestRouteTable(t *testing.T) {
 	reg := threeBackends(t)
 	dr, qr := dtlsRouter(t, reg), quicRouter(t, reg)
