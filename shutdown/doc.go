@@ -8,7 +8,6 @@
 //	// ... start srv ...
 //	shutdown.Drain(drain, kill, srv, shutdown.Config{Timeout: 110 * time.Second, Logger: log})
 //
-// piondtls.Listener has the Drain the Drainer interface asks for; the echo
-// servers of dtls/piondtls/dtlsecho and quic/quicgo/quicecho implement it
-// whole. Standard library only.
+// A *piondtls.Listener is a Drainer, and so are the echo servers of
+// dtls/piondtls/dtlsecho and quic/quicgo/quicecho. Standard library only.
 package shutdown

@@ -10,7 +10,6 @@ import (
 
 type server struct{} // stands for a *dtlsecho.Server, a *quicecho.Server, or your own
 
-func (server) Open() int                     { return 0 }
 func (server) Drain(ctx context.Context) int { return 0 }
 func (server) Close() error                  { return nil }
 

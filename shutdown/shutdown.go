@@ -29,10 +29,10 @@ func fromSignals(sig <-chan os.Signal) (drain, kill context.Context) {
 	return drain, kill
 }
 
-// A Drainer is a server that drains.
+// A Drainer is a server that drains: a *piondtls.Listener, or the echo
+// servers of dtlsecho and quicecho. One that also has an Open() int
+// method, the number of sessions not ended yet, gets it logged.
 type Drainer interface {
-	// Open returns the number of sessions not ended yet.
-	Open() int
 	// Drain refuses new sessions at once and serves the open ones until
 	// they end or ctx is done; it closes those left and says how many.
 	Drain(ctx context.Context) (cut int)
@@ -77,13 +77,24 @@ func Drain(drain, kill context.Context, srv Drainer, cfg Config) {
 		cfg.Unit = "sessions"
 	}
 	<-drain.Done()
-	open := srv.Open()
-	cfg.Logger.Info(cfg.Name+" draining: new "+cfg.Unit+" are refused, open ones are served until they end or the drain timeout",
-		"open", open, "drain_timeout", max(cfg.Timeout, 0))
+	msg := cfg.Name + " draining: new " + cfg.Unit + " are refused, open ones are served until they end or the drain timeout"
+	o, counts := srv.(interface{ Open() int })
+	open := 0
+	if counts {
+		open = o.Open()
+		cfg.Logger.Info(msg, "open", open, "drain_timeout", max(cfg.Timeout, 0))
+	} else {
+		cfg.Logger.Info(msg, "drain_timeout", max(cfg.Timeout, 0))
+	}
 	ctx, cancel := context.WithTimeout(kill, cfg.Timeout)
 	start := time.Now()
 	cut := srv.Drain(ctx)
 	cancel()
-	cfg.Logger.Info(cfg.Name+" drained", "ended", open-cut, "cut", cut, "took", time.Since(start).Round(time.Millisecond))
+	took := time.Since(start).Round(time.Millisecond)
+	if counts {
+		cfg.Logger.Info(cfg.Name+" drained", "ended", open-cut, "cut", cut, "took", took)
+	} else {
+		cfg.Logger.Info(cfg.Name+" drained", "cut", cut, "took", took)
+	}
 	srv.Close()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/internal/testtool"
 	cidquic "github.com/cidroute/cidroute/quic"
+	"github.com/cidroute/cidroute/shutdown"
 )
 
 // A direct client: the stream echoes, the connection is recorded and
@@ -84,3 +85,5 @@ func TestEchoAndDrain(t *testing.T) {
 		t.Errorf("no start line in\n%s", logs.String())
 	}
 }
+
+var _ shutdown.Drainer = (*Server)(nil)
