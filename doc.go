@@ -15,7 +15,8 @@
 // A Router holds one service's two rules, pure functions with no sockets:
 //
 //   - Router.Forward (client → backend): classify the datagram, apply the
-//     admission limits, pick the backend by SPEC.md's routing table, refuse
+//     admission limits, pick the backend by the routing table of the
+//     design document (docs/design.md in the repository), refuse
 //     the proxy's own addresses, and write the PPv2 header;
 //   - Router.Reverse (backend → client): accept a reply only from a
 //     backend, with a PPv2 header whose source is the service's public
@@ -29,7 +30,8 @@
 // # Pipeline
 //
 // A Pipeline is the proxy built from them. For each Service it binds
-// Workers SO_REUSEPORT sockets (package udpio); each worker reads a batch
+// Workers SO_REUSEPORT sockets (package udpio), or serves the sockets the
+// caller opened (Service.Conns); each worker reads a batch
 // with recvmmsg, applies Forward to every datagram and sends the routed
 // ones with sendmmsg from its upstream socket, header and payload as two
 // iovecs; the upstream reads the backends' replies in batches, applies

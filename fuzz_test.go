@@ -60,7 +60,8 @@ func fuzzRegistry(t *testing.T, regBytes []byte) *registry.Registry {
 }
 
 // FuzzRoute runs the forward rule on an arbitrary datagram against an
-// arbitrary registry snapshot and checks the invariants SPEC.md promises:
+// arbitrary registry snapshot and checks the invariants docs/design.md
+// promises:
 // never forward to a backend outside the snapshot or one that is gone; a
 // CID datagram goes to its ordinal, never to a hash; a hashed (new) session
 // goes to a ready backend; a forwarded datagram's header names the client;

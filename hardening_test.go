@@ -318,3 +318,16 @@ func TestConfigErrorsWrapErrConfig(t *testing.T) {
 	require.NoError(t, p.Close())
 	assert.True(t, errors.Is(configErr(udpio.ErrConfig), ErrConfig))
 }
+
+func TestParseProtocol(t *testing.T) {
+	for s, want := range map[string]Protocol{"dtls": DTLS, "quic": QUIC} {
+		p, err := ParseProtocol(s)
+		require.NoError(t, err)
+		assert.Equal(t, want, p)
+		assert.Equal(t, s, p.String())
+	}
+	for _, s := range []string{"", "DTLS", "tls", "quic "} {
+		_, err := ParseProtocol(s)
+		assert.ErrorIs(t, err, ErrConfig, "%q", s)
+	}
+}

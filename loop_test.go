@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/dtls"
-	"github.com/cidroute/cidroute/internal/testproxy"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/registry"
 )
@@ -138,7 +138,8 @@ func TestCustomLoopMatchesPipeline(t *testing.T) {
 	victimAddr := victim.LocalAddr().(*net.UDPAddr).AddrPort()
 
 	loop := startCustomLoop(t, reg)
-	p, svc := testproxy.Start(t, 1, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS}})
+	px := cidroutetest.Start(t, 1, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS}}, bs...)
+	p, svc := px.Pipeline, px.Addr
 	ups, _ := p.UpstreamAddrs("svc")
 	lo := netip.MustParseAddr("127.0.0.1")
 

@@ -45,6 +45,19 @@ type Service struct {
 	// Listen (the new process of a restart handover) instead of failing
 	// with udpio.ErrInUse; see udpio.ListenConfig.
 	JoinExisting bool
+	// Conns, when set, are the service's sockets, opened by the caller
+	// (inherited from systemd or a parent process, or bound with options
+	// of its own): the Pipeline serves them instead of binding Listen, one
+	// worker each, and owns them from New on: it closes them when it stops,
+	// and when New fails. They must all be bound to one address, which is
+	// Listen (a zero Listen takes it from them); Workers must be 0 or
+	// len(Conns), and RecvBuffer, SendBuffer and JoinExisting, which apply
+	// to sockets the Pipeline binds, must be zero. When both Listen and
+	// the public address are wildcards, each socket needs packet info
+	// enabled (IP_PKTINFO or IPV6_RECVPKTINFO, as udpio.ListenConfig's
+	// PacketInfo sets), so that replies leave from the address clients
+	// sent to.
+	Conns []*net.UDPConn
 
 	// MaxSessions bounds each worker's transparent session table
 	// (RouterConfig.Transparent); datagrams of further flows are dropped
@@ -105,11 +118,19 @@ type service struct {
 	cfg     Service
 	router  *Router
 	workers []*worker
+	lenLog  lengthWarning
 }
 
 // New validates cfg and opens every socket, so that a bad address fails
 // here and Addr reports the bound ports; Run starts the traffic.
-func New(cfg Config) (*Pipeline, error) {
+func New(cfg Config) (p *Pipeline, err error) {
+	defer func() {
+		if err != nil { // the caller's sockets are the Pipeline's from here on
+			for _, sc := range cfg.Services {
+				closeAll(sc.Conns)
+			}
+		}
+	}()
 	if len(cfg.Services) == 0 {
 		return nil, fmt.Errorf("no services: %w", ErrConfig)
 	}
@@ -125,7 +146,7 @@ func New(cfg Config) (*Pipeline, error) {
 	if cfg.Wait > WaitBlocking {
 		return nil, fmt.Errorf("wait mode %d: %w", cfg.Wait, ErrConfig)
 	}
-	p := &Pipeline{log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
+	p = &Pipeline{log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
 	if p.log == nil {
 		p.log = slog.Default()
 	}
@@ -160,11 +181,15 @@ func New(cfg Config) (*Pipeline, error) {
 	return p, nil
 }
 
-// validate checks sc and fills in its defaults (Workers). The listen
-// address is unmapped first: every check and the bind see ::ffff:a.b.c.d
-// as a.b.c.d, as the own-address set and the routers do.
+// validate checks sc and fills in its defaults (Workers; Listen from
+// Conns). The listen address is unmapped then: every check and the bind
+// see ::ffff:a.b.c.d as a.b.c.d, as the own-address set and the routers
+// do.
 func (sc *Service) validate() error {
 	if err := sc.Limits.validate(); err != nil {
+		return err
+	}
+	if err := sc.validateConns(); err != nil {
 		return err
 	}
 	sc.Listen = addr.Unmap(sc.Listen)
@@ -187,6 +212,44 @@ func (sc *Service) validate() error {
 	}
 	if sc.SessionIdle == 0 {
 		sc.SessionIdle = DefaultSessionIdle
+	}
+	return nil
+}
+
+// validateConns checks the caller's sockets, if any, and takes Workers and
+// Listen from them.
+func (sc *Service) validateConns() error {
+	if len(sc.Conns) == 0 {
+		return nil
+	}
+	if sc.RecvBuffer != 0 || sc.SendBuffer != 0 || sc.JoinExisting {
+		return fmt.Errorf("buffer sizes and joining apply to sockets the pipeline binds, not to Conns: %w", ErrConfig)
+	}
+	if sc.Workers != 0 && sc.Workers != len(sc.Conns) {
+		return fmt.Errorf("workers %d for %d sockets: want 0 or %d: %w", sc.Workers, len(sc.Conns), len(sc.Conns), ErrConfig)
+	}
+	sc.Workers = len(sc.Conns)
+	var at netip.AddrPort
+	for i, c := range sc.Conns {
+		if c == nil {
+			return fmt.Errorf("socket %d is nil: %w", i, ErrConfig)
+		}
+		a, ok := c.LocalAddr().(*net.UDPAddr)
+		if !ok {
+			return fmt.Errorf("socket %d is not bound: %w", i, ErrConfig)
+		}
+		ap := a.AddrPort()
+		switch {
+		case i == 0:
+			at = ap
+		case ap != at:
+			return fmt.Errorf("socket %d is bound to %v, socket 0 to %v: %w", i, ap, at, ErrConfig)
+		}
+	}
+	if !sc.Listen.IsValid() {
+		sc.Listen = at
+	} else if sc.Listen != at {
+		return fmt.Errorf("listen address %v, but the sockets are bound to %v: %w", sc.Listen, at, ErrConfig)
 	}
 	return nil
 }
@@ -255,13 +318,16 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 		PacketInfo: measured && sc.Listen.Addr().IsUnspecified()}
 	// A later instance may take the sockets over (udpio.ListenConfig).
 	lc.Joinable, lc.JoinExisting = true, sc.JoinExisting
-	network := "udp4"
-	if sc.Listen.Addr().Is6() {
-		network = "udp6"
-	}
-	group, err := udpio.ListenGroup(network, sc.Listen.String(), sc.Workers, lc)
-	if err != nil {
-		return nil, configErr(err)
+	group := sc.Conns
+	if len(group) == 0 {
+		network := "udp4"
+		if sc.Listen.Addr().Is6() {
+			network = "udp6"
+		}
+		var err error
+		if group, err = udpio.ListenGroup(network, sc.Listen.String(), sc.Workers, lc); err != nil {
+			return nil, configErr(err)
+		}
 	}
 	s := &service{cfg: sc}
 	p.warnBuffers(sc, "service", group[0])
@@ -272,13 +338,19 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 			rc.PublicAddr = netip.AddrPortFrom(rc.PublicAddr.Addr(), port)
 		}
 	}
+	var err error
 	if s.router, err = NewRouter(rc); err != nil {
 		closeAll(group)
 		return nil, err
 	}
+	s.lenLog.log, s.lenLog.want = p.log.With("service", sc.Name), s.router.cidLen
 	p.bound = append(p.bound, s.cfg.Listen)
 	for _, in := range group {
 		w, err := p.newWorker(s, in, cfg)
+		if err == nil && lc.PacketInfo && !w.in.PacketInfo() {
+			err = fmt.Errorf("socket bound to %v without packet info, which a wildcard public address needs: %w", s.cfg.Listen, ErrConfig)
+			w.up.close()
+		}
 		if err != nil {
 			closeAll(group)
 			s.close()
@@ -328,7 +400,7 @@ func (p *Pipeline) newWorker(s *service, in *net.UDPConn, cfg Config) (*worker, 
 		w.blocking = w.in.SetBlocking() == nil // else the netpoller (not Linux)
 	}
 	rp := &replies{router: s.router, own: &p.own, out: w.in}
-	w.rp = rp
+	w.rp, w.lenLog = rp, &s.lenLog
 	if sc.Transparent {
 		w.up = newSessionTable(rp, sc.MaxSessions, sc.SessionIdle, cfg.MaxDatagram)
 		return w, nil
@@ -350,7 +422,9 @@ func configErr(err error) error {
 
 func closeAll(cs []*net.UDPConn) {
 	for _, c := range cs {
-		c.Close()
+		if c != nil {
+			c.Close()
+		}
 	}
 }
 

@@ -1,12 +1,15 @@
 package cidroute
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"runtime"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +20,7 @@ import (
 	"github.com/cidroute/cidroute/internal/testecho"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/registry"
+	"github.com/cidroute/cidroute/udpio"
 )
 
 // startEcho starts the PPv2 echo backend of ordinal ord: it answers each
@@ -369,4 +373,122 @@ func BenchmarkPipelineEcho(b *testing.B) {
 	b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/n, "proc-allocs/datagram")
 	b.ReportMetric(float64(lost)/n, "loss")
 	b.ReportMetric(n/b.Elapsed().Seconds(), "roundtrips/s")
+}
+
+// TestPipelineCIDLengthLogged: datagrams whose CIDs have another length
+// than the service's are counted as cid_length and logged, once per
+// window, with both lengths.
+func TestPipelineCIDLengthLogged(t *testing.T) {
+	var logs syncBuffer
+	e := startEcho(t, 0)
+	reg := newRegistry(t, 42, registry.Backend{Ordinal: 0, Addr: e.Addr()})
+	p, err := New(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Services: []Service{{
+		Name: "coaps", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
+		RouterConfig: RouterConfig{Protocol: DTLS, PublicAddr: publicAddr, Backends: reg}}}})
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(context.Background()) }()
+	defer func() {
+		require.NoError(t, p.Close())
+		require.NoError(t, <-errc)
+	}()
+	to, _ := p.Addr("coaps")
+	c := newClient(t)
+	for range 3 {
+		assert.Equal(t, -1, c.ask(to, dtlsCIDRecord([]byte{0, 1, 2, 3, 4, 5}, 1, []byte("from a backend that issues 6-byte CIDs"))))
+	}
+	require.Eventually(t, func() bool { return p.Stats()[0].Forward.Dropped[CIDLength] == 3 }, 5*time.Second, 10*time.Millisecond)
+	out := logs.String()
+	assert.Contains(t, out, "service=coaps")
+	assert.Contains(t, out, "cid_len=8 seen_len=6")
+	assert.Equal(t, 1, strings.Count(out, "seen_len="), "one line per window: %s", out)
+}
+
+// syncBuffer is a bytes.Buffer that a logger and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestPipelineOwnSockets: a service served on sockets the caller opened
+// (an SO_REUSEPORT group here) routes like one the Pipeline binds, takes
+// its address and worker count from them, and closes them when it stops.
+func TestPipelineOwnSockets(t *testing.T) {
+	e := startEcho(t, 0)
+	reg := newRegistry(t, 42, registry.Backend{Ordinal: 0, Addr: e.Addr()})
+	group, err := udpio.ListenGroup("udp4", "127.0.0.1:0", 2, udpio.ListenConfig{})
+	require.NoError(t, err)
+	at := group[0].LocalAddr().(*net.UDPAddr).AddrPort()
+	p, err := New(Config{Logger: quietLog, Services: []Service{{Name: "svc", Conns: group,
+		RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg}}}})
+	require.NoError(t, err)
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(context.Background()) }()
+	addr, _ := p.Addr("svc")
+	assert.Equal(t, at, addr)
+	r, _ := p.Router("svc")
+	assert.Equal(t, at, r.PublicAddr(), "the public address defaults to the sockets' address")
+	c := newClient(t)
+	assert.Equal(t, 0, c.ask(addr, dtlsClientHello(7)))
+	assert.Equal(t, 0, c.ask(addr, dtlsCIDRecord(ordinalCID(t, r.Codec(), 0), 1, []byte("hi"))))
+	require.NoError(t, p.Close())
+	require.NoError(t, <-errc)
+	assert.Equal(t, uint64(2), p.Stats()[0].Forward.Forwarded)
+	for _, g := range group {
+		_, err := g.WriteToUDPAddrPort([]byte("x"), e.Addr())
+		assert.ErrorIs(t, err, net.ErrClosed, "the pipeline closed the caller's socket")
+	}
+}
+
+func TestPipelineOwnSocketsConfig(t *testing.T) {
+	reg := newRegistry(t, 1, registry.Backend{Ordinal: 0, Addr: netip.MustParseAddrPort("127.0.0.1:9")})
+	listen := func(addr string) *net.UDPConn {
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	for name, mod := range map[string]func(*Service){
+		"workers":       func(s *Service) { s.Workers = 3 },
+		"recv buffer":   func(s *Service) { s.RecvBuffer = 1 << 20 },
+		"join":          func(s *Service) { s.JoinExisting = true },
+		"two addresses": func(s *Service) { s.Conns = append(s.Conns, listen("127.0.0.1:0")) },
+		"other listen":  func(s *Service) { s.Listen = netip.MustParseAddrPort("127.0.0.1:1") },
+		"nil socket":    func(s *Service) { s.Conns = append(s.Conns, nil) },
+		"no packet info": func(s *Service) {
+			s.Conns = []*net.UDPConn{listen("0.0.0.0:0")}
+			s.PublicAddr = netip.MustParseAddrPort("0.0.0.0:5684")
+		},
+	} {
+		c := listen("127.0.0.1:0")
+		s := Service{Name: "s", Conns: []*net.UDPConn{c}, RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg}}
+		mod(&s)
+		_, err := New(Config{Logger: quietLog, Services: []Service{s}})
+		assert.ErrorIs(t, err, ErrConfig, name)
+		for _, c := range s.Conns {
+			if c != nil {
+				_, err := c.WriteToUDPAddrPort([]byte("x"), netip.MustParseAddrPort("127.0.0.1:9"))
+				assert.ErrorIs(t, err, net.ErrClosed, "%s: a failed New closes the sockets", name)
+			}
+		}
+	}
+	// With packet info, a wildcard socket serves a wildcard public address.
+	group, err := udpio.ListenGroup("udp4", "0.0.0.0:0", 1, udpio.ListenConfig{PacketInfo: true})
+	require.NoError(t, err)
+	p, err := New(Config{Logger: quietLog, Services: []Service{{Name: "s", Conns: group,
+		RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg, PublicAddr: netip.MustParseAddrPort("0.0.0.0:5684")}}}})
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
 }

@@ -27,6 +27,7 @@ const (
 	Unroutable                    // forward: a QUIC-LB CID no configuration decodes, and RouterConfig.Unroutable is UnroutableDrop
 	OwnAddress                    // forward: the chosen backend is one of the proxy's own addresses (a loop)
 	TooBig                        // the kernel refused to send it as too big (EMSGSIZE): with the PPv2 header it exceeds what the socket may send
+	CIDLength                     // forward: a CID of another length than the service's (see ErrCIDLength): the backends and the proxy disagree on it
 
 	NumReasons = iota
 )
@@ -47,6 +48,7 @@ var reasonNames = [NumReasons]string{
 	Unroutable:      "unroutable",
 	OwnAddress:      "own_address",
 	TooBig:          "too_big",
+	CIDLength:       "cid_length",
 }
 
 // String returns the reason's metric label ("" for Forwarded).
@@ -64,7 +66,7 @@ type ReasonSet uint32
 // from the start, at zero, so that a new reason cannot go missing from it.
 const (
 	ForwardDrops ReasonSet = 1<<Malformed | 1<<UnknownOrdinal | 1<<NotServing | 1<<Unroutable |
-		1<<NoReadyBackend | 1<<StaleRegistry | 1<<RateLimited | 1<<OwnAddress | 1<<SessionLimit | 1<<SendError | 1<<TooBig
+		1<<NoReadyBackend | 1<<StaleRegistry | 1<<RateLimited | 1<<OwnAddress | 1<<SessionLimit | 1<<SendError | 1<<TooBig | 1<<CIDLength
 	ReverseDrops ReasonSet = 1<<Malformed | 1<<UntrustedSender | 1<<BadProxyHeader | 1<<BadDestination | 1<<SendError | 1<<TooBig
 )
 

@@ -71,7 +71,8 @@ func (p Protocol) String() string {
 	return "invalid"
 }
 
-// ParseProtocol parses "dtls" or "quic".
+// ParseProtocol parses "dtls" or "quic". Anything else is an error
+// wrapping ErrConfig.
 func ParseProtocol(s string) (Protocol, error) {
 	switch s {
 	case "dtls":
@@ -79,7 +80,7 @@ func ParseProtocol(s string) (Protocol, error) {
 	case "quic":
 		return QUIC, nil
 	}
-	return 0, fmt.Errorf("cidroute: protocol %q: want \"dtls\" or \"quic\"", s)
+	return 0, fmt.Errorf("cidroute: protocol %q: want \"dtls\" or \"quic\": %w", s, ErrConfig)
 }
 
 // Default CID lengths: those of the built-in codecs' zero values, 8 for
@@ -118,6 +119,30 @@ func (p Protocol) StartsSession(b []byte, cidLen int) bool {
 
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("cidroute: invalid configuration")
+
+// ErrCIDLength is the Decision.Err of a datagram dropped as CIDLength: it
+// carries a server CID of another length than the service's, which only a
+// misconfiguration produces (backends that issue CIDs of one length, a
+// proxy configured with another). Decision.Class.ID is then that CID, of
+// its own length. What can be told on the wire:
+//
+//   - a QUIC long header packet names its DCID length: a Handshake packet
+//     (the first packet of the datagram) whose DCID is not of the service's
+//     length is CIDLength, also when the rest of the datagram does not
+//     parse (quic-go coalesces its Handshake and 1-RTT packets);
+//   - a DTLS tls12_cid record and a QUIC short header do not. A DTLS
+//     datagram the classifier rejects is CIDLength when it is well formed
+//     under another CID length (dtls.MismatchedCID), tried on the drop path
+//     only. A short header is read with the service's length whatever the
+//     client meant: a CID longer or shorter than that still routes by its
+//     ordinal octet when the codec's ordinal sits inside both (byte 0 for
+//     ordinal-first, byte 1 for QUIC-LB plaintext), or is dropped by the
+//     codec's own checks; neither is told apart from a good route or
+//     another drop.
+//
+// The built-in classifiers only: a custom Classifier's rejections stay
+// Malformed, and its established CIDs of another length CIDLength.
+var ErrCIDLength = errors.New("cidroute: CID of another length than the service's")
 
 // UnroutablePolicy says what the forward rule does with a datagram whose
 // CID the codec marks not routable: a QUIC-LB CID with config rotation
@@ -186,7 +211,9 @@ type RouterConfig struct {
 	// (DTLS) or quic.LB of CIDLen (QUIC).
 	Codec CIDCodec
 	// CIDLen is the CID length when Codec is nil: 0 means 8 (DTLS) or 12
-	// (QUIC).
+	// (QUIC). A QUIC service refuses 8, and the ordinal-first codec of 8
+	// or more octets, whatever the codec (quic.CheckServerCIDLen): a
+	// client's random first DCID could pass for a server CID.
 	CIDLen int
 	// Classifier nil means the protocol's classifier for Codec.Len().
 	Classifier Classifier
@@ -258,6 +285,11 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	} else if cfg.CIDLen != 0 && cfg.CIDLen != r.codec.Len() {
 		return nil, fmt.Errorf("router: CID length %d but codec length %d: %w", cfg.CIDLen, r.codec.Len(), ErrConfig)
 	}
+	if cfg.Protocol == QUIC {
+		if err := checkQUICCodec(r.codec); err != nil {
+			return nil, fmt.Errorf("router: %w: %w", err, ErrConfig)
+		}
+	}
 	if r.cls == nil {
 		switch cfg.Protocol {
 		case DTLS:
@@ -274,6 +306,21 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	r.cidLen = r.codec.Len()
 	r.fast = newDispatch(r.cls, r.codec, r.enc)
 	return r, nil
+}
+
+// checkQUICCodec refuses CID layouts whose server CIDs a client's random
+// first DCID can pass for (quic.CheckServerCIDLen): new sessions would be
+// routed by those random bytes instead of by HRW.
+func checkQUICCodec(c CIDCodec) error {
+	n := c.Len()
+	if err := quic.CheckServerCIDLen(n); err != nil {
+		return err
+	}
+	if _, ok := c.(dtls.OrdinalFirst); ok && n >= quic.MinInitialDCIDLen {
+		return fmt.Errorf("%w: the ordinal-first codec of %d octets on QUIC: it decodes nearly every client DCID of that length (use QUIC-LB, or fewer than %d octets)",
+			quic.ErrServerCIDLen, n, quic.MinInitialDCIDLen)
+	}
+	return nil
 }
 
 // Codec returns the router's CID codec.
@@ -313,26 +360,30 @@ type Decision struct {
 	// Ordinal the backend's ordinal; zero otherwise.
 	Backend netip.AddrPort
 	Ordinal uint8
-	// Class is the classifier's verdict (zero when Malformed).
+	// Class is the classifier's verdict (zero when Malformed; for
+	// CIDLength, the CID as it came, of its own length).
 	Class Class
-	// Err is the classifier's or encoder's error when Reason is Malformed.
+	// Err is the classifier's or encoder's error when Reason is Malformed,
+	// ErrCIDLength when it is CIDLength.
 	Err error
 }
 
-// Forward is the forward rule, SPEC.md's routing table: it decides where
+// Forward is the forward rule, the routing table of docs/design.md (in the
+// repository): it decides where
 // datagram b from client goes, and appends its header to hdr. local is
 // the address the client sent it to, as the socket measured it; it is used
 // (as the PPv2 destination) only when the public address is a wildcard,
 // and may be the zero Addr otherwise. In order:
 //
-//   - a datagram the classifier rejects is Malformed;
+//   - a datagram the classifier rejects is Malformed, or CIDLength when
+//     it carries a server CID of another length (ErrCIDLength);
 //   - v.Admission refuses it (RateLimited); whatever starts a session
 //     anywhere in the datagram counts against the handshake and 0-RTT
 //     limits (see Class);
 //   - an established session (a CID the servers issued) goes to the
 //     backend its ordinal names while that backend serves (UnknownOrdinal,
-//     NotServing), never re-hashed; an unroutable CID per
-//     RouterConfig.Unroutable;
+//     NotServing), never re-hashed, if it has the service's CID length
+//     (CIDLength); an unroutable CID per RouterConfig.Unroutable;
 //   - a new session goes by HRW to a ready backend (NoReadyBackend), unless
 //     the registry is stale (StaleRegistry); a QUIC Initial whose DCID is a
 //     server CID of a serving backend goes to that backend;
@@ -352,6 +403,9 @@ func (r *Router) Forward(hdr, b []byte, client netip.AddrPort, local netip.Addr,
 func (r *Router) forward(d *Decision, hdr, b []byte, client netip.AddrPort, local netip.Addr, v *View) []byte {
 	if err := r.classify(b, &d.Class); err != nil {
 		d.Reason, d.Err = Malformed, err
+		if r.mismatchedCID(b, &d.Class) {
+			d.Reason, d.Err = CIDLength, ErrCIDLength
+		}
 		return hdr
 	}
 	if v.Admission != nil && !v.Admission.Admit(d.Class, client, v.Now) {
@@ -365,6 +419,9 @@ func (r *Router) forward(d *Decision, hdr, b []byte, client netip.AddrPort, loca
 	}
 	if reason != Forwarded {
 		d.Reason = reason
+		if reason == CIDLength {
+			d.Err = ErrCIDLength
+		}
 		return hdr
 	}
 	out := hdr
@@ -480,6 +537,30 @@ func (r *Router) reverse(rep *Reply, b []byte, from netip.AddrPort, sess Session
 	}
 }
 
+// mismatchedCID reports, for datagram b that the classifier rejected,
+// whether it carries a server CID of another length (see ErrCIDLength),
+// and sets c to that CID. It runs on the drop path only.
+func (r *Router) mismatchedCID(b []byte, c *Class) bool {
+	var cid []byte
+	switch cls := r.cls.(type) {
+	case DTLSClassifier:
+		var ok bool
+		if cid, ok = dtls.MismatchedCID(b, cls.CIDLen); !ok {
+			return false
+		}
+	case QUICClassifier:
+		h, err := quic.ParseHeader(b, cls.CIDLen)
+		if err != nil || h.Type != quic.Handshake || len(h.DCID) == cls.CIDLen {
+			return false
+		}
+		cid = h.DCID
+	default:
+		return false
+	}
+	*c = Class{Kind: KindEstablished, ID: cid}
+	return true
+}
+
 // isPublic reports whether a is the public address; when that is a
 // wildcard, any unicast address on its port.
 func (r *Router) isPublic(a netip.AddrPort) bool {
@@ -511,14 +592,14 @@ func (r *Router) validClient(a netip.AddrPort, own *OwnAddrs) bool {
 	return true
 }
 
-// decide is SPEC.md's routing table. It reads like the table: established
-// sessions by their CID's ordinal (never re-hashed), new ones by HRW over
-// ready backends. stale matters only for new sessions.
+// decide is the routing table of docs/design.md. It reads like the table:
+// established sessions by their CID's ordinal (never re-hashed), new ones
+// by HRW over ready backends. stale matters only for new sessions.
 func (r *Router) decide(snap *registry.Snapshot, stale bool, c *Class, client netip.AddrPort) (*registry.Backend, Reason) {
 	switch c.Kind {
 	case KindEstablished:
 		if len(c.ID) != r.cidLen {
-			return nil, UnknownOrdinal // a server CID always has the service's length
+			return nil, CIDLength // a QUIC Handshake DCID: a server CID has the service's length
 		}
 		ord, routable := r.ordinal(c.ID)
 		if !routable {

@@ -43,7 +43,7 @@ func threeBackends(t testing.TB) *registry.Registry {
 	)
 }
 
-// TestRouteTable walks SPEC.md's routing table row by row.
+// TestRouteTable walks the routing table of docs/design.md row by row.
 func TestRouteTable(t *testing.T) {
 	reg := threeBackends(t)
 	dr, qr := dtlsRouter(t, reg), quicRouter(t, reg)
@@ -115,6 +115,42 @@ func TestRouteTable(t *testing.T) {
 			assert.Equal(t, svcAddr, h.Dst)
 		})
 	}
+}
+
+// TestRouteCIDLength: a server CID of another length than the service's
+// is its own drop reason wherever the wire tells it, with the CID as it
+// came; broken datagrams stay malformed.
+func TestRouteCIDLength(t *testing.T) {
+	reg := threeBackends(t)
+	dr, qr := dtlsRouter(t, reg), quicRouter(t, reg)
+	cid6 := []byte{0, 1, 2, 3, 4, 5}
+	cid20 := ordinalCID(t, quic.LB{Length: 20}, 0)
+	flight := append(append([]byte(nil), dtlsClientHello(1)...), dtlsCIDRecord(cid6, 1, []byte("finished, encrypted"))...)
+	for _, tc := range []struct {
+		name   string
+		r      *Router
+		b      []byte
+		reason Reason
+		id     []byte
+	}{
+		{"quic handshake, 6-byte dcid", qr, quicLong(2, cid6, []byte{1}, 0), CIDLength, cid6},
+		{"quic handshake, 20-byte dcid", qr, quicLong(2, cid20, []byte{1}, 0), CIDLength, cid20},
+		{"quic handshake + short header, 6-byte dcid", qr, append(quicLong(2, cid6, []byte{1}, 0), quicShort(cid6)...), CIDLength, cid6},
+		{"quic initial, 6-byte dcid: too short, not a server cid", qr, quicLong(0, cid6, nil, 1200), Forwarded, nil},
+		{"dtls cid record of 6 on an 8-byte service", dr, dtlsCIDRecord(cid6, 1, []byte("app data")), CIDLength, cid6},
+		{"dtls flight 5 of 6 on an 8-byte service", dr, flight, CIDLength, cid6},
+		{"dtls truncated cid record", dr, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 0), 1, []byte("xyz"))[:20], Malformed, nil},
+		{"quic garbage long header", qr, []byte{0xe0, 0, 0, 0, 1, 30}, Malformed, nil},
+	} {
+		d, _ := route(tc.r, make([]byte, 0, 64), tc.b, client1)
+		require.Equal(t, tc.reason, d.Reason, "%s: err %v", tc.name, d.Err)
+		if tc.reason == CIDLength {
+			assert.ErrorIs(t, d.Err, ErrCIDLength, tc.name)
+			assert.Equal(t, tc.id, d.Class.ID, tc.name)
+		}
+	}
+	assert.True(t, ForwardDrops.Has(CIDLength))
+	assert.Equal(t, "cid_length", CIDLength.String())
 }
 
 func TestRouteNewSessions(t *testing.T) {
@@ -194,10 +230,32 @@ func TestRouterConfig(t *testing.T) {
 		_, err := NewRouter(cfg)
 		assert.ErrorIs(t, err, ErrConfig, "%+v", cfg)
 	}
-	r, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 8}})
+	r, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, Codec: dtls.OrdinalFirst{Length: 6}})
 	require.NoError(t, err)
 	d, _ := route(r, nil, quicShort(ordinalCID(t, r.Codec(), 3)), client1)
-	assert.Equal(t, uint8(3), d.Ordinal, "a QUIC service may use the ordinal-first codec")
+	assert.Equal(t, uint8(3), d.Ordinal, "a QUIC service may use the ordinal-first codec shorter than a client's DCID")
+}
+
+// TestQUICServerCIDLen: a QUIC service whose server CIDs a client's random
+// first DCID can pass for is refused, saying why.
+func TestQUICServerCIDLen(t *testing.T) {
+	reg := threeBackends(t)
+	for name, cfg := range map[string]RouterConfig{
+		"QUIC-LB of 8":        {CIDLen: 8},
+		"ordinal-first of 8":  {Codec: dtls.OrdinalFirst{}},
+		"ordinal-first of 12": {Codec: dtls.OrdinalFirst{Length: 12}},
+	} {
+		cfg.Protocol, cfg.PublicAddr, cfg.Backends = QUIC, svcAddr, reg
+		_, err := NewRouter(cfg)
+		assert.ErrorIs(t, err, ErrConfig, name)
+		assert.ErrorIs(t, err, quic.ErrServerCIDLen, name)
+	}
+	for _, n := range []int{6, 7, 9, 12, 20} {
+		_, err := NewRouter(RouterConfig{Protocol: QUIC, PublicAddr: svcAddr, Backends: reg, CIDLen: n})
+		assert.NoError(t, err, "QUIC-LB of %d", n)
+	}
+	_, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg, CIDLen: 8})
+	assert.NoError(t, err, "DTLS has no client DCID")
 }
 
 func TestCustomClassifier(t *testing.T) {
@@ -226,11 +284,13 @@ func TestRouteNoAllocs(t *testing.T) {
 		r *Router
 		b []byte
 	}{
-		"dtls cid":     {dr, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 0), 1, make([]byte, 100))},
-		"client hello": {dr, dtlsClientHello(1)},
-		"quic short":   {qr, quicShort(ordinalCID(t, qr.Codec(), 3))},
-		"quic initial": {qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200)},
-		"malformed":    {dr, []byte{25, 0xfe}},
+		"dtls cid":                         {dr, dtlsCIDRecord(ordinalCID(t, dr.Codec(), 0), 1, make([]byte, 100))},
+		"client hello":                     {dr, dtlsClientHello(1)},
+		"quic short":                       {qr, quicShort(ordinalCID(t, qr.Codec(), 3))},
+		"quic initial":                     {qr, quicLong(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1200)},
+		"malformed":                        {dr, []byte{25, 0xfe}},
+		"dtls cid of another length":       {dr, dtlsCIDRecord([]byte{1, 2, 3, 4, 5, 6}, 1, make([]byte, 100))},
+		"quic handshake of another length": {qr, append(quicLong(2, []byte{1, 2, 3, 4, 5, 6}, []byte{1}, 0), quicShort(make([]byte, 6))...)},
 	} {
 		if n := testing.AllocsPerRun(200, func() { route(tc.r, hdr, tc.b, client1) }); n != 0 {
 			t.Errorf("%s: %v allocs per Route", name, n)

@@ -3,6 +3,7 @@ package cidroute
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -25,7 +26,8 @@ type worker struct {
 	own    *atomic.Pointer[OwnAddrs]
 	adm    *Admission // nil when every limit is off
 	up     upstream
-	rp     *replies // the upstream's, for the reverse counters
+	rp     *replies       // the upstream's, for the reverse counters
+	lenLog *lengthWarning // the service's, or nil
 
 	fwdIn, fwdOut []udpio.Message
 	from          []Session // the client of fwdOut[i], and where it sent
@@ -105,6 +107,7 @@ func (w *worker) forwardLoop() error {
 			v.Now = time.Now().UnixNano() // once per batch, and only with limits
 		}
 		c.batch(n)
+		seenLen := 0 // the length of a CID dropped as CIDLength
 		out := w.fwdOut[:0]
 		for i := range w.fwdIn[:n] {
 			m := &w.fwdIn[i]
@@ -116,6 +119,9 @@ func (w *worker) forwardLoop() error {
 			d, hdr := w.router.Forward(o.Prefix[:0], m.Buf[:m.N], m.Addr, m.Local, &v)
 			if d.Reason != Forwarded {
 				c.Dropped[d.Reason]++
+				if d.Reason == CIDLength {
+					seenLen = len(d.Class.ID)
+				}
 				continue
 			}
 			o.Prefix, o.Buf, o.Addr, o.Local = hdr, m.Buf[:m.N], d.Backend, netip.Addr{}
@@ -124,6 +130,9 @@ func (w *worker) forwardLoop() error {
 		}
 		err = w.up.send(out, w.from, &c)
 		w.fwd.flush(&c)
+		if seenLen != 0 && w.lenLog != nil {
+			w.lenLog.note(seenLen)
+		}
 		if err != nil {
 			return err
 		}
@@ -179,4 +188,28 @@ func (w *worker) lockedThreads() int {
 func (w *worker) close() {
 	w.up.close()
 	w.conn.Close()
+}
+
+// lengthWarnEvery is how often a service logs that its datagrams carry
+// CIDs of another length.
+const lengthWarnEvery = 10 * time.Second
+
+// A lengthWarning logs, at most once per lengthWarnEvery for its service,
+// that datagrams were dropped as CIDLength: a misconfiguration whose every
+// handshake otherwise just times out. It runs after a batch that had such
+// a drop, never on the forwarding path.
+type lengthWarning struct {
+	log  *slog.Logger
+	want int          // the service's CID length
+	last atomic.Int64 // Unix nanoseconds of the last line, 0 for none
+}
+
+func (l *lengthWarning) note(seen int) {
+	now := time.Now().UnixNano()
+	last := l.last.Load()
+	if (last != 0 && now-last < int64(lengthWarnEvery)) || !l.last.CompareAndSwap(last, now) {
+		return
+	}
+	l.log.Warn("datagrams carry connection IDs of another length than the service's, dropped as cid_length: configure the backends and the proxy with one CID length",
+		"cid_len", l.want, "seen_len", seen)
 }

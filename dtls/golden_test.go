@@ -56,7 +56,8 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// TestGoldenFlight5Layout checks the layout SPEC.md's routing rule is about:
+// TestGoldenFlight5Layout checks the layout docs/design.md's routing rule
+// is about:
 // ClientKeyExchange and ChangeCipherSpec in epoch 0, then Finished as a
 // tls12_cid record in epoch 1.
 func TestGoldenFlight5Layout(t *testing.T) {

@@ -6,6 +6,7 @@ go 1.26.0
 require (
 	github.com/cidroute/cidroute v0.0.0
 	github.com/cidroute/cidroute/dtls/piondtls v0.0.0
+	github.com/cidroute/cidroute/promcollector v0.0.0
 	github.com/cidroute/cidroute/quic/quicgo v0.0.0
 	github.com/cidroute/cidroute/xdp v0.0.0
 	github.com/pion/dtls/v2 v2.2.12
@@ -36,6 +37,7 @@ require (
 replace (
 	github.com/cidroute/cidroute => ..
 	github.com/cidroute/cidroute/dtls/piondtls => ../dtls/piondtls
+	github.com/cidroute/cidroute/promcollector => ../promcollector
 	github.com/cidroute/cidroute/quic/quicgo => ../quic/quicgo
 	github.com/cidroute/cidroute/xdp => ../xdp
 )

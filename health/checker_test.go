@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/registry"
 )
@@ -59,7 +60,7 @@ func TestCheckerFallRise(t *testing.T) {
 	a0, a1, a2 := netip.MustParseAddrPort("10.0.0.1:5684"), netip.MustParseAddrPort("10.0.0.2:5684"), netip.MustParseAddrPort("10.0.0.3:5684")
 	reg := newRegistry(t, []registry.Backend{{Ordinal: 0, Addr: a0}, {Ordinal: 1, Addr: a1}, {Ordinal: 2, Addr: a2, State: registry.Draining}})
 	var logs testtool.SyncBuffer
-	c, err := New(reg, Config{ProbeConfig: ProbeConfig{Protocol: DTLS}, Fall: 3, Rise: 2,
+	c, err := New(reg, Config{ProbeConfig: ProbeConfig{Protocol: cidroute.DTLS}, Fall: 3, Rise: 2,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	s := &script{ok: map[netip.AddrPort]bool{a0: true, a1: true}, probes: map[netip.AddrPort]int{}}
@@ -138,16 +139,16 @@ func TestCheckerFallRise(t *testing.T) {
 }
 
 func TestConfigDefaults(t *testing.T) {
-	c, err := Config{ProbeConfig: ProbeConfig{Protocol: QUIC}}.WithDefaults()
+	c, err := Config{ProbeConfig: ProbeConfig{Protocol: cidroute.QUIC}}.WithDefaults()
 	require.NoError(t, err)
 	assert.Equal(t, [5]any{DefaultInterval, DefaultTimeout, DefaultInterval / 5, 3, 2}, [5]any{c.Interval, c.Timeout, c.Jitter, c.Fall, c.Rise})
 	for _, bad := range []Config{
 		{},
-		{ProbeConfig: ProbeConfig{Protocol: DTLS}, Interval: time.Millisecond},
-		{ProbeConfig: ProbeConfig{Protocol: DTLS}, Interval: time.Second, Timeout: 2 * time.Second},
-		{ProbeConfig: ProbeConfig{Protocol: DTLS}, Interval: time.Second, Jitter: time.Second},
-		{ProbeConfig: ProbeConfig{Protocol: DTLS}, Fall: -1},
-		{ProbeConfig: ProbeConfig{Protocol: DTLS}, Rise: 101},
+		{ProbeConfig: ProbeConfig{Protocol: cidroute.DTLS}, Interval: time.Millisecond},
+		{ProbeConfig: ProbeConfig{Protocol: cidroute.DTLS}, Interval: time.Second, Timeout: 2 * time.Second},
+		{ProbeConfig: ProbeConfig{Protocol: cidroute.DTLS}, Interval: time.Second, Jitter: time.Second},
+		{ProbeConfig: ProbeConfig{Protocol: cidroute.DTLS}, Fall: -1},
+		{ProbeConfig: ProbeConfig{Protocol: cidroute.DTLS}, Rise: 101},
 	} {
 		_, err := New(nil, bad)
 		assert.ErrorIs(t, err, ErrConfig, "%+v", bad)
@@ -172,7 +173,7 @@ func TestCheckerRun(t *testing.T) {
 	reg := newRegistry(t, []registry.Backend{{Ordinal: 0, Addr: peer}})
 	const interval, timeout, jitter = 100 * time.Millisecond, 90 * time.Millisecond, 10 * time.Millisecond
 	var logs testtool.SyncBuffer
-	c, err := New(reg, Config{ProbeConfig: ProbeConfig{Protocol: DTLS}, Interval: interval, Timeout: timeout, Jitter: jitter,
+	c, err := New(reg, Config{ProbeConfig: ProbeConfig{Protocol: cidroute.DTLS}, Interval: interval, Timeout: timeout, Jitter: jitter,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/health"
 	"github.com/cidroute/cidroute/registry"
 )
@@ -21,7 +22,7 @@ func ExampleNew() {
 		{Ordinal: 1, Addr: netip.MustParseAddrPort("10.0.0.11:5684")},
 	})
 	c, err := health.New(reg, health.Config{
-		ProbeConfig: health.ProbeConfig{Protocol: health.DTLS},
+		ProbeConfig: health.ProbeConfig{Protocol: cidroute.DTLS},
 		Service:     "coaps",
 		Interval:    2 * time.Second, Timeout: time.Second, Fall: 3, Rise: 2,
 		Logger: slog.Default(),
@@ -47,7 +48,7 @@ func ExampleAppendVersionProbe() {
 func ExampleProbe() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	rtt, err := health.Probe(ctx, netip.MustParseAddrPort("127.0.0.1:5684"), health.ProbeConfig{Protocol: health.DTLS})
+	rtt, err := health.Probe(ctx, netip.MustParseAddrPort("127.0.0.1:5684"), health.ProbeConfig{Protocol: cidroute.DTLS})
 	if err != nil {
 		fmt.Println("down:", health.ResultOf(err))
 		return

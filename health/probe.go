@@ -13,29 +13,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/quic"
 )
-
-// Protocol is the protocol a backend speaks.
-type Protocol uint8
-
-// The protocols a probe can speak.
-const (
-	DTLS Protocol = iota + 1
-	QUIC
-)
-
-func (p Protocol) String() string {
-	switch p {
-	case DTLS:
-		return "dtls"
-	case QUIC:
-		return "quic"
-	}
-	return fmt.Sprintf("Protocol(%d)", uint8(p))
-}
 
 // Errors of a failed probe; test with errors.Is.
 var (
@@ -92,7 +74,7 @@ func ResultOf(err error) Result {
 // ProbeConfig says how to probe. The zero value is invalid: Protocol is
 // required.
 type ProbeConfig struct {
-	Protocol Protocol
+	Protocol cidroute.Protocol // cidroute.DTLS or cidroute.QUIC
 	// Direct sends the probe without the PPv2 LOCAL header, for backends
 	// behind a proxy in transparent mode (no PROXY protocol). A DTLS
 	// server that is not behind cidroute's backend adapter may keep a
@@ -119,7 +101,7 @@ var DefaultCipherSuites = []uint16{
 
 func (c *ProbeConfig) validate() error {
 	switch {
-	case c.Protocol != DTLS && c.Protocol != QUIC:
+	case c.Protocol != cidroute.DTLS && c.Protocol != cidroute.QUIC:
 		return fmt.Errorf("%w: protocol %v", ErrConfig, c.Protocol)
 	case c.CipherSuites != nil && (len(c.CipherSuites) == 0 || len(c.CipherSuites) > 1000):
 		return fmt.Errorf("%w: %d cipher suites: want 1 to 1000 (nil: the defaults)", ErrConfig, len(c.CipherSuites))
@@ -181,7 +163,7 @@ func probeError(err error) error {
 
 // A payload is one probe's datagram and what its answer must say.
 type payload struct {
-	proto    Protocol
+	proto    cidroute.Protocol
 	datagram []byte
 	dcid     []byte // QUIC: the probe's DCID, the answer's SCID
 	scid     []byte // QUIC: the probe's SCID, the answer's DCID
@@ -197,7 +179,7 @@ func newPayload(cfg ProbeConfig) (*payload, error) {
 		}
 	}
 	switch cfg.Protocol {
-	case DTLS:
+	case cidroute.DTLS:
 		suites := cfg.CipherSuites
 		if suites == nil {
 			suites = DefaultCipherSuites
@@ -205,7 +187,7 @@ func newPayload(cfg ProbeConfig) (*payload, error) {
 		if b, err = AppendClientHello(b, suites); err != nil {
 			return nil, err
 		}
-	case QUIC:
+	case cidroute.QUIC:
 		p.dcid, p.scid = randomBytes(16), randomBytes(8)
 		b = AppendVersionProbe(b, reservedVersion(), p.dcid, p.scid)
 	}
@@ -231,7 +213,7 @@ func (p *payload) check(b []byte) error {
 		return fmt.Errorf("%w: a PROXY header on the answer to LOCAL", ErrBadAnswer)
 	}
 	switch p.proto {
-	case DTLS:
+	case cidroute.DTLS:
 		return CheckDTLSAnswer(b)
 	default:
 		return CheckQUICAnswer(b, p.dcid, p.scid)

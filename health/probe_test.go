@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/quic"
@@ -186,25 +187,25 @@ func TestProbe(t *testing.T) {
 		return c
 	}
 
-	rtt, err := Probe(ctx(5*time.Second), dtlsPeer, ProbeConfig{Protocol: DTLS})
+	rtt, err := Probe(ctx(5*time.Second), dtlsPeer, ProbeConfig{Protocol: cidroute.DTLS})
 	require.NoError(t, err)
 	assert.Positive(t, rtt)
-	_, err = Probe(ctx(5*time.Second), quicPeer, ProbeConfig{Protocol: QUIC})
+	_, err = Probe(ctx(5*time.Second), quicPeer, ProbeConfig{Protocol: cidroute.QUIC})
 	require.NoError(t, err)
-	_, err = Probe(ctx(200*time.Millisecond), dtlsPeer, ProbeConfig{Protocol: DTLS, Direct: true})
+	_, err = Probe(ctx(200*time.Millisecond), dtlsPeer, ProbeConfig{Protocol: cidroute.DTLS, Direct: true})
 	assert.ErrorIs(t, err, ErrTimeout, "this peer wants the LOCAL header")
 
 	start := time.Now()
-	_, err = Probe(ctx(100*time.Millisecond), silent, ProbeConfig{Protocol: DTLS})
+	_, err = Probe(ctx(100*time.Millisecond), silent, ProbeConfig{Protocol: cidroute.DTLS})
 	assert.ErrorIs(t, err, ErrTimeout)
 	assert.Equal(t, Timeout, ResultOf(err))
 	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond)
 
-	_, err = Probe(ctx(5*time.Second), closedPort(t), ProbeConfig{Protocol: QUIC})
+	_, err = Probe(ctx(5*time.Second), closedPort(t), ProbeConfig{Protocol: cidroute.QUIC})
 	assert.ErrorIs(t, err, ErrRefused)
 	assert.Equal(t, Refused, ResultOf(err))
 
-	for _, proto := range []Protocol{DTLS, QUIC} {
+	for _, proto := range []cidroute.Protocol{cidroute.DTLS, cidroute.QUIC} {
 		_, err = Probe(ctx(5*time.Second), echo, ProbeConfig{Protocol: proto})
 		assert.ErrorIs(t, err, ErrBadAnswer, "%v: a plain UDP echo", proto)
 		assert.Equal(t, BadAnswer, ResultOf(err))

@@ -22,8 +22,8 @@
 //
 // Buckets. A key's bucket is XXH64(key, seed) >> 50, the top BucketBits = 14
 // bits; Pick returns the owner of that bucket. The owners are chosen by
-// weighted rendezvous hashing over the candidates with weight > 0, as
-// follows.
+// weighted rendezvous hashing over the candidates (a weight of 0 counts as
+// 1), as follows.
 //
 // Streams. A candidate with ordinal o emits points k = 0, 1, 2, …:
 //

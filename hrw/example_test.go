@@ -9,11 +9,12 @@ import (
 
 func Example() {
 	// One table per backend snapshot; every replica with the same seed and
-	// candidates builds the same table.
+	// candidates builds the same table. Only backends that take new
+	// sessions are candidates: ordinal 2, draining, is left out (its CID
+	// sessions are routed by their ordinal, not by the table).
 	t, err := hrw.New(0x5eed, []hrw.Candidate{
 		{Ordinal: 0, Weight: 1},
 		{Ordinal: 1, Weight: 2},
-		{Ordinal: 2, Weight: 0}, // draining: keeps its sessions, gets no new ones
 	})
 	if err != nil {
 		panic(err)

@@ -42,8 +42,11 @@ var (
 
 // A Candidate is one backend that keys may be assigned to.
 type Candidate struct {
-	Ordinal uint8  // 0–254; 255 is reserved
-	Weight  uint32 // relative share of keys; 0 = never chosen
+	Ordinal uint8 // 0–254; 255 is reserved
+	// Weight is the candidate's relative share of keys. 0 means 1, the
+	// default, as a registry.Backend's weight 0 does: no weight means "no
+	// new sessions"; leave such a candidate out (a draining backend).
+	Weight uint32
 }
 
 // A Table maps keys to candidates by weighted rendezvous hashing, through a
@@ -55,8 +58,8 @@ type Table struct {
 	owner [Buckets]uint8
 }
 
-// New builds the bucket table for seed and cands. Candidates with weight 0
-// are accepted and never chosen. The order of cands does not matter. It
+// New builds the bucket table for seed and cands. A candidate with weight 0
+// has weight 1. The order of cands does not matter. It
 // returns an error wrapping ErrReservedOrdinal, ErrDuplicateOrdinal or
 // ErrTooManyCandidates for invalid input. cands is not retained.
 func New(seed uint64, cands []Candidate) (*Table, error) {
@@ -73,9 +76,7 @@ func New(seed uint64, cands []Candidate) (*Table, error) {
 			return nil, fmt.Errorf("candidate %d: %w", c.Ordinal, ErrDuplicateOrdinal)
 		}
 		seen[c.Ordinal] = true
-		if c.Weight > 0 {
-			act = append(act, stream{ord: c.Ordinal, w: uint64(c.Weight)})
-		}
+		act = append(act, stream{ord: c.Ordinal, w: uint64(max(c.Weight, 1))})
 	}
 	t := &Table{seed: seed, n: len(act)}
 	if len(act) > 0 {
@@ -84,7 +85,7 @@ func New(seed uint64, cands []Candidate) (*Table, error) {
 	return t, nil
 }
 
-// Len returns the number of candidates with a weight above zero.
+// Len returns the number of candidates.
 func (t *Table) Len() int {
 	if t == nil {
 		return 0
@@ -103,7 +104,7 @@ func (t *Table) Seed() uint64 { return t.seed }
 func (t *Table) Owners(dst *[Buckets]uint8) { *dst = t.owner }
 
 // Pick returns the ordinal that key maps to. ok is false when the table has
-// no candidate with a weight above zero. It does not allocate.
+// no candidate. It does not allocate.
 func (t *Table) Pick(key []byte) (ordinal uint8, ok bool) {
 	if t == nil || t.n == 0 {
 		return 0, false

@@ -68,22 +68,13 @@ func TestPickBasics(t *testing.T) {
 	if ok {
 		t.Fatal("ok on empty table")
 	}
-	tb, err = New(1, []Candidate{{3, 0}, {4, 0}})
-	must(t, err)
-	_, ok = tb.Pick([]byte("x"))
-	if ok {
-		t.Fatal("ok on empty table")
-	}
-	if tb.Len() != 0 {
-		t.Fatalf("Len = %d", tb.Len())
-	}
 	var nilT *Table
 	_, ok = nilT.Pick(nil)
 	if ok {
 		t.Fatal("ok on empty table")
 	}
 
-	tb, err = New(1, []Candidate{{9, 5}, {3, 0}})
+	tb, err = New(1, []Candidate{{9, 5}})
 	must(t, err)
 	if tb.Len() != 1 {
 		t.Fatalf("Len = %d", tb.Len())
@@ -166,5 +157,22 @@ func TestOwnersAgreeWithPick(t *testing.T) {
 		if got := own[d.Sum64()>>(64-BucketBits)]; got != want {
 			t.Fatalf("key %x: Owners says %d, Pick %d", key, got, want)
 		}
+	}
+}
+
+// TestZeroWeightIsOne: weight 0 is the default weight 1, as for
+// registry.Backend, never "no new sessions".
+func TestZeroWeightIsOne(t *testing.T) {
+	zero, err := New(7, []Candidate{{Ordinal: 3}, {Ordinal: 4, Weight: 0}, {Ordinal: 9, Weight: 2}})
+	must(t, err)
+	one, err := New(7, []Candidate{{Ordinal: 3, Weight: 1}, {Ordinal: 4, Weight: 1}, {Ordinal: 9, Weight: 2}})
+	must(t, err)
+	if zero.owner != one.owner || zero.Len() != 3 {
+		t.Fatalf("weight 0 is not weight 1 (Len %d)", zero.Len())
+	}
+	only, err := New(7, []Candidate{{Ordinal: 5}})
+	must(t, err)
+	if o, ok := only.Pick([]byte("x")); !ok || o != 5 {
+		t.Fatalf("Pick = %d, %v; want 5, true", o, ok)
 	}
 }

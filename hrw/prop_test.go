@@ -20,9 +20,6 @@ func refTable(seed uint64, cands []Candidate) (owner [Buckets]uint8, ok bool) {
 	best := make([]struct{ tau, w uint64 }, Buckets)
 	first := make([]uint64, Buckets)
 	for _, c := range cands {
-		if c.Weight == 0 {
-			continue
-		}
 		clear(first)
 		var (
 			left = Buckets
@@ -42,7 +39,7 @@ func refTable(seed uint64, cands []Candidate) (owner [Buckets]uint8, ok bool) {
 				left--
 			}
 		}
-		w := uint64(c.Weight)
+		w := uint64(max(c.Weight, 1))
 		for j := range best {
 			f := first[j] - 1
 			h1, l1 := bits.Mul64(f, best[j].w)
@@ -62,9 +59,6 @@ func refTable(seed uint64, cands []Candidate) (owner [Buckets]uint8, ok bool) {
 func refOwner(seed uint64, j uint64, cands []Candidate) (owner uint8, ok bool) {
 	var bestTau, bestW uint64
 	for _, c := range cands {
-		if c.Weight == 0 {
-			continue
-		}
 		var (
 			tau uint64
 			buf [5]byte
@@ -81,7 +75,7 @@ func refOwner(seed uint64, j uint64, cands []Candidate) (owner uint8, ok bool) {
 				break
 			}
 		}
-		w := uint64(c.Weight)
+		w := uint64(max(c.Weight, 1))
 		h1, l1 := bits.Mul64(tau, bestW)
 		h2, l2 := bits.Mul64(bestTau, w)
 		if !ok || h1 < h2 || h1 == h2 && (l1 < l2 || l1 == l2 && c.Ordinal < owner) {
@@ -281,11 +275,6 @@ func TestIndependentTablesAgree(t *testing.T) {
 		if pa[i] != pb[i] {
 			t.Fatalf("key %d: %d vs %d", i, pa[i], pb[i])
 		}
-	}
-	// A zero-weight candidate is the same as no candidate.
-	c := mustNew(t, 77, append(rev[:len(rev):len(rev)], Candidate{Ordinal: 254, Weight: 0}))
-	if c.owner != a.owner || c.Len() != 254 {
-		t.Fatal("zero-weight candidate changed the table")
 	}
 }
 

@@ -279,6 +279,11 @@ func parseService(raw json.RawMessage) (Service, error) {
 	if err := parseCIDCodec(&fs, &s); err != nil {
 		return fail("%v", err)
 	}
+	if s.Protocol == cidroute.QUIC {
+		if err := quic.CheckServerCIDLen(s.CIDLen); err != nil {
+			return fail("cid_length: %v", err)
+		}
+	}
 	s.Transparent = fs.ProxyProtocol != nil && !*fs.ProxyProtocol
 	if !s.Transparent && (fs.MaxSessions != 0 || fs.SessionIdle != "") {
 		return fail("max_sessions and session_idle apply only with proxy_protocol false")

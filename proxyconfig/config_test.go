@@ -150,6 +150,8 @@ func TestParseConfigBad(t *testing.T) {
 		{"listen multicast", withServices(`{"name": "a", "protocol": "dtls", "listen": "224.0.0.1:5", "backends_file": "f"}`), "unicast or wildcard"},
 		{"dtls cid too short", withServices(`{` + svc + `, "cid_length": 4}`), "cid_length 4"},
 		{"quic cid too long", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_length": 21, "backends_file": "f"}`), "cid_length 21"},
+		{"quic cid of a client's length", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_length": 8, "backends_file": "f"}`), "8 octets, the length most clients give their first, random DCID"},
+		{"quic encrypted cid of a client's length", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_codec": "quic-lb-encrypted", "cid_nonce_length": 6, "cid_keys_file": "k", "backends_file": "f"}`), "server CID length a client's random DCID has"},
 		{"negative cid", withServices(`{` + svc + `, "cid_length": -8}`), "cid_length -8"},
 		{"kubernetes and backends", withServices(`{` + svc + `, "kubernetes": {"service": "ds"}}`), "exactly one"},
 		{"kubernetes without service", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"namespace": "x"}}`), "service is required"},

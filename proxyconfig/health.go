@@ -33,9 +33,9 @@ func parseHealthCheck(fh *fileHealthCheck, s *Service) error {
 		return nil
 	}
 	hc := health.Config{Service: s.Name, Fall: fh.Fall, Rise: fh.Rise,
-		ProbeConfig: health.ProbeConfig{Protocol: health.DTLS, Direct: s.Transparent}}
+		ProbeConfig: health.ProbeConfig{Protocol: cidroute.DTLS, Direct: s.Transparent}}
 	if s.Protocol == cidroute.QUIC {
-		hc.Protocol = health.QUIC
+		hc.Protocol = cidroute.QUIC
 	}
 	var err error
 	if hc.Interval, err = parseDuration("health_check.interval", fh.Interval, minProbeInterval, false); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/health"
 )
 
@@ -22,7 +23,7 @@ func TestHealthCheckConfig(t *testing.T) {
 	require.NoError(t, err)
 	h := c.Services[0].Health
 	require.NotNil(t, h)
-	assert.Equal(t, health.DTLS, h.Protocol)
+	assert.Equal(t, cidroute.DTLS, h.Protocol)
 	assert.False(t, h.Direct)
 	assert.Equal(t, [4]any{2 * time.Second, time.Second, 3, 2}, [4]any{h.Interval, h.Timeout, h.Fall, h.Rise})
 	assert.Contains(t, c.Summary(), "probes every 2s (timeout 1s, fall 3, rise 2)")
@@ -36,7 +37,7 @@ func TestHealthCheckConfig(t *testing.T) {
 		"backends_file": "b.json", "health_check": {"interval": "1s"}}`)))
 	require.NoError(t, err)
 	h = c.Services[0].Health
-	assert.Equal(t, health.QUIC, h.Protocol)
+	assert.Equal(t, cidroute.QUIC, h.Protocol)
 	assert.True(t, h.Direct, "transparent mode: no PPv2 header on the probe")
 	assert.Equal(t, 200*time.Millisecond, h.Jitter)
 

@@ -17,7 +17,8 @@
 // allocate, on success or on error; errors are the package's sentinels,
 // returned unwrapped.
 //
-// Routing by Class.Kind (see SPEC.md's table):
+// Routing by Class.Kind (see the routing table of docs/design.md in the
+// repository):
 //
 //	KindEstablished (short header, Handshake): LB.Ordinal(DCID) → backend;
 //	    ok=false (unroutable config rotation) → fallback hash of client address.

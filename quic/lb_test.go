@@ -144,3 +144,24 @@ func TestLBOrdinalUnroutable(t *testing.T) {
 		t.Fatalf("255: %d %v", ord, ok)
 	}
 }
+
+func TestCheckServerCIDLen(t *testing.T) {
+	for n := -1; n <= MaxCIDLen+1; n++ {
+		err := CheckServerCIDLen(n)
+		switch {
+		case n < 1 || n > MaxCIDLen:
+			if !errors.Is(err, ErrCIDLength) {
+				t.Errorf("%d: %v", n, err)
+			}
+		case n == MinInitialDCIDLen:
+			if !errors.Is(err, ErrServerCIDLen) {
+				t.Errorf("%d: %v", n, err)
+			}
+		case err != nil:
+			t.Errorf("%d: %v", n, err)
+		}
+	}
+	if CheckServerCIDLen(LBDefaultLen) != nil {
+		t.Error("the default length is refused")
+	}
+}

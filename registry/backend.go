@@ -16,11 +16,18 @@ var (
 	ErrInvalidAddr      = errors.New("registry: invalid address")
 	ErrUnspecifiedAddr  = errors.New("registry: unspecified address")
 	ErrZeroPort         = errors.New("registry: zero port")
-	ErrZeroWeight       = errors.New("registry: zero weight")
-	ErrInvalidState     = errors.New("registry: invalid state")
-	ErrEmptyList        = errors.New("registry: empty backend list (mark the backends gone instead)")
-	ErrDecode           = errors.New("registry: bad backend list")
+	// ErrZeroWeight: a JSON backend says "weight": 0. In Go a zero Weight
+	// is the default 1; a file can say the default by leaving the key out,
+	// so an explicit 0 can only be meant as "no new sessions", which is
+	// what "state": "draining" says.
+	ErrZeroWeight   = errors.New("registry: zero weight")
+	ErrInvalidState = errors.New("registry: invalid state")
+	ErrEmptyList    = errors.New("registry: empty backend list (mark the backends gone instead)")
+	ErrDecode       = errors.New("registry: bad backend list")
 )
+
+// ErrConfig is wrapped by the errors of an invalid Config (New, NewStatic).
+var ErrConfig = errors.New("registry: invalid configuration")
 
 // MaxOrdinal is the highest ordinal a backend may have; 255 is reserved.
 const MaxOrdinal = 254
@@ -92,8 +99,10 @@ type Backend struct {
 	// address is stored in its IPv4 form.
 	Addr netip.AddrPort
 	// Weight is the backend's relative share of new sessions. 0 means 1,
-	// so a zero Backend literal gets the default; a snapshot always holds
-	// the effective weight.
+	// the default, as it does for hrw.Candidate: a weight never says "no
+	// new sessions", the Draining state does. A snapshot holds the
+	// effective weight. (The JSON form refuses an explicit 0: see
+	// ErrZeroWeight.)
 	Weight uint32
 	// State is Ready (the zero value), Draining or Gone.
 	State State

@@ -10,7 +10,8 @@
 // with an error wrapping one of the Err* sentinels, counted, and the
 // previous snapshot stays: every source goes through this one validation.
 // A source that cannot even produce a list (a file that does not decode)
-// counts that with [Registry.Reject].
+// counts that with [Registry.Reject]. [NewStatic] builds a registry that
+// holds a fixed list in one call, with no source at all.
 //
 // A snapshot answers the per-datagram questions without allocating:
 // [Snapshot.Serving] (the backend a CID's ordinal names, if it is ready or
@@ -50,4 +51,22 @@
 //
 // Each service has its own Registry; nothing is shared between them, so a
 // failing or stale source of one service never affects another.
+//
+// # JSON format
+//
+// The JSON form of a backend list, read by [DecodeBackends] and the [File]
+// source, and the proxy configuration's "backends" key:
+//
+//	[
+//	  {"ordinal": 0, "address": "10.0.0.10:5684", "weight": 2, "state": "ready"},
+//	  {"ordinal": 1, "address": "[fd00::11]:5684"}
+//	]
+//
+// "ordinal" (0–254) and "address" (ip:port, IPv6 in brackets) are required.
+// "weight" defaults to 1, as a zero [Backend.Weight] does in Go; an
+// explicit 0 is an error ([ErrZeroWeight]), since a file that says 0 means
+// "no new sessions", which is what "draining" says. "state" is "ready"
+// (the default), "draining" or "gone". Keys are matched exactly
+// (case-sensitive); unknown or repeated keys are errors. The list is
+// validated whole ([Validate]).
 package registry

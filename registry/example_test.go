@@ -112,3 +112,31 @@ func ExampleStatic() {
 	// [{0 [fd00::10]:443 2 ready} {1 [fd00::11]:443 1 ready}]
 	// <nil>
 }
+
+// A fixed list in one call: what a program with its own loop, or a test,
+// routes by when it has no file or watch to follow.
+func ExampleNewStatic() {
+	r, err := registry.NewStatic(registry.Config{Service: "coap", Seed: 42}, []registry.Backend{
+		{Ordinal: 0, Addr: netip.MustParseAddrPort("10.0.0.10:5684")},
+		{Ordinal: 1, Addr: netip.MustParseAddrPort("10.0.0.11:5684"), Weight: 2},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Close()
+	b, _ := r.Snapshot().Serving(1)
+	fmt.Println(b.Addr, b.Weight, b.State)
+	// Output: 10.0.0.11:5684 2 ready
+}
+
+// A backend's ordinal: the -ordinal flag when given, else the suffix of
+// its pod's name (HOSTNAME in Kubernetes, ds-2 → 2), parsed as the proxies'
+// Kubernetes source parses it.
+func ExampleOwnOrdinal() {
+	flag := -1 // -ordinal not given
+	ord, from, err := registry.OwnOrdinal(flag)
+	if err != nil {
+		log.Fatal(err) // "registry: no usable ordinal" outside a StatefulSet
+	}
+	log.Printf("ordinal %d (from %s)", ord, from)
+}

@@ -10,21 +10,8 @@ import (
 	"strconv"
 )
 
-// The JSON form of a backend list, shared by the [File] source and the proxy
-// configuration's "backends" key:
-//
-//	[
-//	  {"ordinal": 0, "address": "10.0.0.10:5684", "weight": 2, "state": "ready"},
-//	  {"ordinal": 1, "address": "[fd00::11]:5684"}
-//	]
-//
-// "ordinal" (0–254) and "address" (ip:port, IPv6 in brackets) are required.
-// "weight" defaults to 1; an explicit 0 is an error ([ErrZeroWeight]), since
-// a file that says 0 means "no new sessions", which is what "draining" says.
-// "state" is "ready" (the default), "draining" or "gone". Keys are matched
-// exactly (case-sensitive); unknown or repeated keys are errors.
-
-// MarshalJSON writes b in the list element form, with its effective weight.
+// MarshalJSON writes b in the list element form (see "JSON format" in the
+// package documentation), with its effective weight.
 func (b Backend) MarshalJSON() ([]byte, error) {
 	b = b.normalize()
 	st, err := b.State.MarshalText()
@@ -46,7 +33,8 @@ func (b Backend) MarshalJSON() ([]byte, error) {
 	return append(out, `"}`...), nil
 }
 
-// UnmarshalJSON reads one list element strictly (see the format above). It
+// UnmarshalJSON reads one list element strictly (see "JSON format" in the
+// package documentation). It
 // checks each field on its own; relations between backends (duplicates) are
 // [Validate]'s job.
 func (b *Backend) UnmarshalJSON(data []byte) error {
@@ -116,7 +104,7 @@ func (b *Backend) UnmarshalJSON(data []byte) error {
 				return fmt.Errorf("%w: weight %s is not an integer 1-%d", ErrDecode, n, uint32(1<<32-1))
 			}
 			if v == 0 {
-				return fmt.Errorf("%w (use \"state\": \"draining\" to stop new sessions)", ErrZeroWeight)
+				return fmt.Errorf("%w (leave \"weight\" out for the default, 1; \"state\": \"draining\" stops new sessions)", ErrZeroWeight)
 			}
 			out.Weight = uint32(v)
 		case "state":
@@ -146,7 +134,8 @@ func (b *Backend) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-// DecodeBackends reads a JSON backend list (see the format above) from r and
+// DecodeBackends reads a JSON backend list (see "JSON format" in the
+// package documentation) from r and
 // validates it like [Validate]. Nothing may follow the list. The error wraps
 // [ErrDecode] for malformed JSON and the specific sentinel otherwise.
 func DecodeBackends(r io.Reader) ([]Backend, error) {

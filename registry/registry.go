@@ -64,7 +64,7 @@ const MinMaxAge = time.Millisecond
 // Confirm within MaxAge. Call Close to stop the freshness timer.
 func New(cfg Config) (*Registry, error) {
 	if cfg.MaxAge < 0 || (cfg.MaxAge > 0 && cfg.MaxAge < MinMaxAge) {
-		return nil, fmt.Errorf("registry %q: MaxAge %v: want 0 (off) or at least %v", cfg.Service, cfg.MaxAge, MinMaxAge)
+		return nil, fmt.Errorf("registry %q: MaxAge %v: want 0 (off) or at least %v: %w", cfg.Service, cfg.MaxAge, MinMaxAge, ErrConfig)
 	}
 	r := &Registry{cfg: cfg, log: cfg.Logger, now: cfg.now}
 	if r.log == nil {
@@ -84,6 +84,27 @@ func New(cfg Config) (*Registry, error) {
 	r.confirmed = r.now()
 	if cfg.MaxAge > 0 {
 		r.timer = time.AfterFunc(cfg.MaxAge, r.checkFreshness)
+	}
+	return r, nil
+}
+
+// NewStatic returns a registry that holds bs, for a fixed backend list in
+// one call: New, then Update. The list is validated as Update does (the
+// error wraps one of the Err* sentinels). cfg.MaxAge must be 0, since no
+// source confirms a list that never changes; a registry that should also
+// follow a file or a watch takes New and a Source instead. Close it when
+// done, as any Registry.
+func NewStatic(cfg Config, bs []Backend) (*Registry, error) {
+	if cfg.MaxAge != 0 {
+		return nil, fmt.Errorf("registry %q: MaxAge %v for a static list, which nothing confirms: want 0: %w", cfg.Service, cfg.MaxAge, ErrConfig)
+	}
+	r, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Update(bs); err != nil {
+		r.Close()
+		return nil, err
 	}
 	return r, nil
 }

@@ -67,7 +67,7 @@ func TestUpdateCopiesInput(t *testing.T) {
 
 func TestNewConfig(t *testing.T) {
 	_, err := New(Config{MaxAge: -1})
-	truth(t, err != nil, "negative MaxAge")
+	isErr(t, err, ErrConfig, "negative MaxAge")
 	var zero Config
 	r, err := New(zero)
 	noErr(t, err)
@@ -496,9 +496,34 @@ func TestEmptyListRefused(t *testing.T) {
 func TestNewTinyMaxAge(t *testing.T) {
 	for _, d := range []time.Duration{1, 4, time.Microsecond, time.Millisecond - 1} {
 		_, err := New(Config{MaxAge: d, Logger: quietLogger()})
-		truth(t, err != nil, "MaxAge %v accepted", d)
+		isErr(t, err, ErrConfig, "MaxAge %v", d)
 	}
 	r, err := New(Config{MaxAge: time.Millisecond, Logger: quietLogger()})
 	noErr(t, err)
 	r.Close()
+}
+
+// TestNewStatic: one call builds a registry serving the list, validated as
+// Update validates; a freshness limit, which nothing would meet, is refused.
+func TestNewStatic(t *testing.T) {
+	r, err := NewStatic(Config{Service: "s", Seed: 3, Logger: quietLogger()}, []Backend{
+		{Ordinal: 0, Addr: ap("10.0.0.1:5684")},
+		{Ordinal: 1, Addr: ap("10.0.0.2:5684"), Weight: 2, State: Draining},
+	})
+	noErr(t, err)
+	defer r.Close()
+	s := r.Snapshot()
+	equal(t, s.Version(), uint64(1))
+	equal(t, s.Table().Seed(), uint64(3))
+	b, ok := s.Serving(1)
+	truth(t, ok && b.State == Draining && b.Weight == 2, "ordinal 1: %+v", b)
+	truth(t, !r.Stale(), "a static registry is never stale")
+
+	_, err = NewStatic(Config{Logger: quietLogger()}, []Backend{
+		{Ordinal: 0, Addr: ap("10.0.0.1:5684")}, {Ordinal: 0, Addr: ap("10.0.0.2:5684")}})
+	isErr(t, err, ErrDuplicateOrdinal)
+	_, err = NewStatic(Config{Logger: quietLogger()}, nil)
+	isErr(t, err, ErrEmptyList)
+	_, err = NewStatic(Config{MaxAge: time.Second, Logger: quietLogger()}, []Backend{{Ordinal: 0, Addr: ap("10.0.0.1:5684")}})
+	isErr(t, err, ErrConfig)
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+
+	"github.com/cidroute/cidroute/hrw"
 )
 
 func TestSnapshotLookups(t *testing.T) {
@@ -308,4 +310,25 @@ func TestTableReuse(t *testing.T) {
 		noErr(t, r.Update(same))
 		s2 = r.Snapshot()
 	}
+}
+
+// TestZeroWeightAgrees: weight 0 means 1 in a Backend and in an
+// hrw.Candidate alike, so a table built by hand from a snapshot's backends,
+// zero weights and all, picks what the snapshot picks.
+func TestZeroWeightAgrees(t *testing.T) {
+	r, _ := newTestRegistry(t, 0)
+	bs := []Backend{{Ordinal: 0, Addr: ap("10.0.0.1:1")}, {Ordinal: 1, Addr: ap("10.0.0.2:1"), Weight: 2}, {Ordinal: 5, Addr: ap("10.0.0.3:1")}}
+	noErr(t, r.Update(bs))
+	var cands []hrw.Candidate
+	for _, b := range bs {
+		cands = append(cands, hrw.Candidate{Ordinal: b.Ordinal, Weight: b.Weight})
+	}
+	tb, err := hrw.New(r.Snapshot().Table().Seed(), cands)
+	noErr(t, err)
+	var want, got [hrw.Buckets]uint8
+	tb.Owners(&want)
+	r.Snapshot().Table().Owners(&got)
+	truth(t, want == got, "a zero Backend weight is not a zero hrw.Candidate weight")
+	b, _ := r.Snapshot().Backend(0)
+	equal(t, b.Weight, uint32(1))
 }

@@ -155,6 +155,10 @@ func NewConn(c *net.UDPConn, batch int) (*Conn, error) {
 	return cn, nil
 }
 
+// PacketInfo reports whether ReadBatch reports each datagram's destination
+// (Message.Local): the socket had packet info enabled when NewConn ran.
+func (c *Conn) PacketInfo() bool { return c.rx.ctrl != nil }
+
 func (s *mmsgState) init(raw syscall.RawConn, trap uintptr, batch, iovPer int, ctrl bool) {
 	s.raw, s.trap = raw, trap
 	s.hs = make([]mmsghdr, batch)

@@ -98,6 +98,8 @@ func TestPacketInfo(t *testing.T) {
 			rc := listen(t, tc.network, tc.bind, ListenConfig{PacketInfo: true})
 			cc := listen(t, "udp", tc.client, ListenConfig{})
 			r, c := newConn(t, rc, 0), newConn(t, cc, 0)
+			require.True(t, r.PacketInfo())
+			require.False(t, c.PacketInfo())
 			dst := netip.AddrPortFrom(tc.to, addrOf(rc).Port())
 			_, err := c.WriteBatch([]Message{{Buf: []byte("hello"), Addr: dst}})
 			require.NoError(t, err)

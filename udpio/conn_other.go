@@ -26,6 +26,9 @@ func NewConn(c *net.UDPConn, batch int) (*Conn, error) {
 	return &Conn{p: newPortable(c)}, nil
 }
 
+// PacketInfo reports false: the portable path does not report Message.Local.
+func (c *Conn) PacketInfo() bool { return false }
+
 // ReadBatch receives one datagram into ms[0]; see the Linux documentation.
 func (c *Conn) ReadBatch(ms []Message) (int, error) { return c.p.readBatch(ms) }
 

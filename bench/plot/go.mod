@@ -1,6 +1,7 @@
 module github.com/cidroute/cidroute/bench/plot
 
-go 1.26
+// go 1.24: gonum.org/v1/plot v0.17.0 declares it.
+go 1.24.0
 
 require gonum.org/v1/plot v0.17.0
 

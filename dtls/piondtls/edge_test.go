@@ -21,9 +21,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/edge"
 	"github.com/cidroute/cidroute/internal/fakeclock"
-	"github.com/cidroute/cidroute/internal/testproxy"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -51,7 +51,8 @@ func newEdgeLab(t *testing.T, n int) *edgeLab {
 		bs = append(bs, registry.Backend{Ordinal: ord, Addr: s.addr(), Weight: 1, State: registry.Ready})
 	}
 	for range n {
-		p, a := testproxy.Start(t, 42, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS}})
+		px := cidroutetest.Start(t, 42, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS}}, bs...)
+		p, a := px.Pipeline, px.Addr
 		l.pipes = append(l.pipes, p)
 		l.edges = append(l.edges, a)
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/internal/testproxy"
+	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
 )
@@ -136,7 +136,7 @@ func (s *server) seenAddrs() []backend.Addr {
 // startProxy starts one cidroute replica in front of backends.
 func startProxy(t *testing.T, bs []registry.Backend) netip.AddrPort {
 	t.Helper()
-	_, addr := testproxy.Start(t, 42, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, PublicAddr: publicAddr}})
+	addr := cidroutetest.Start(t, 42, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, PublicAddr: publicAddr}}, bs...).Addr
 	return addr
 }
 
@@ -357,8 +357,10 @@ func TestPionReplicaDies(t *testing.T) {
 	svc := cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, PublicAddr: publicAddr}}
 	for _, withCID := range []bool{true, false} {
 		t.Run(fmt.Sprintf("cid=%v", withCID), func(t *testing.T) {
-			pipeA, a := testproxy.Start(t, 42, bs, svc)
-			pipeB, b := testproxy.Start(t, 42, bs, svc)
+			pxA := cidroutetest.Start(t, 42, svc, bs...)
+			pipeA, a := pxA.Pipeline, pxA.Addr
+			pxB := cidroutetest.Start(t, 42, svc, bs...)
+			pipeB, b := pxB.Pipeline, pxB.Addr
 			sc := newSwitchConn(t, a)
 			cfg := pskConfig()
 			cfg.PSKIdentityHint = []byte("client")

@@ -30,12 +30,13 @@ import (
 	"time"
 
 	"github.com/cidroute/cidroute/cidkeys"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+	"github.com/cidroute/cidroute/shutdown"
 )
 
 func main() {
-	drain, kill := backendcfg.Signals()
+	drain, kill := shutdown.Signals()
 	os.Exit(run(drain, kill, os.Args[1:], os.Stderr, nil))
 }
 
@@ -108,7 +109,7 @@ func run(drain, kill context.Context, args []string, stderr io.Writer, started f
 	if started != nil {
 		started(srv)
 	}
-	backendcfg.Stop(drain, kill, srv, set.DrainTimeout, log, "dtls-backend", "sessions")
+	shutdown.Drain(drain, kill, srv, set.Shutdown("dtls-backend", "sessions"))
 	st, dm := srv.Stats()
 	log.Info("dtls-backend stopped", "sessions", dm.NewSessions,
 		"proxied", st.AcceptedProxied, "direct", st.AcceptedDirect, "dropped", st.Dropped(),

@@ -15,7 +15,7 @@ import (
 	pion "github.com/pion/dtls/v3"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/ppv2"
 
 	"github.com/cidroute/cidroute/internal/testtool"

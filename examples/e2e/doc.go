@@ -1,7 +1,7 @@
 // Package e2e holds cidroute's end-to-end tests: real peers on loopback,
 // no mocks. Proxy replicas are cidroute.Pipelines started in-process from
 // the same seed, backends and public address; backends are the example
-// servers (examples/internal/dtlsecho, quicecho) behind the PPv2 adapter
+// servers (dtls/piondtls/dtlsecho, quic/quicgo/quicecho) behind the PPv2 adapter
 // (ppv2/backend) and, for DTLS, the session demultiplexer
 // (dtls/piondtls); clients are pion/dtls v3 and v2, quic-go and OpenSSL's
 // s_client.

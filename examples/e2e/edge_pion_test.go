@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute/dtls/piondtls"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/edge"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
 	"github.com/cidroute/cidroute/internal/fakeclock"
 )
 

@@ -15,8 +15,8 @@ import (
 
 	"github.com/cidroute/cidroute/dtls/piondtls"
 	"github.com/cidroute/cidroute/edge"
-	"github.com/cidroute/cidroute/examples/internal/quicecho"
 	"github.com/cidroute/cidroute/quic/quicgo"
+	"github.com/cidroute/cidroute/quic/quicgo/quicecho"
 )
 
 // quicSwitches records a QUIC edge session's switches.

@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
-	"github.com/cidroute/cidroute/examples/internal/rebind"
+	"github.com/cidroute/cidroute/cidroutetest"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
 
@@ -182,12 +182,12 @@ func dtlsBackends(t *testing.T, n int, logs *syncBuffer) ([]*dtlsecho.Server, []
 // A dtlsClient is a pion/dtls v3 client with CID on a socket it can
 // rebind. It believes it talks to the public address.
 type dtlsClient struct {
-	sock *rebind.Conn
+	sock *cidroutetest.RebindConn
 	conn *pion.Conn
 }
 
 func dialDTLS(ctx context.Context, via netip.AddrPort) (*dtlsClient, error) {
-	sock, err := rebind.Listen(via, net.UDPAddrFromAddrPort(public))
+	sock, err := cidroutetest.ListenRebind(via, net.UDPAddrFromAddrPort(public))
 	if err != nil {
 		return nil, err
 	}

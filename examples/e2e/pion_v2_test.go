@@ -24,8 +24,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/dtls/piondtls"
-	"github.com/cidroute/cidroute/examples/internal/rebind"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
 )
@@ -110,9 +110,9 @@ func startV2Backend(t *testing.T, ord uint8) *v2Backend {
 
 func (b *v2Backend) addr() netip.AddrPort { return b.bc.LocalAddr().(*net.UDPAddr).AddrPort() }
 
-func dialV2(t *testing.T, via netip.AddrPort) (*rebind.Conn, *dtlsv2.Conn) {
+func dialV2(t *testing.T, via netip.AddrPort) (*cidroutetest.RebindConn, *dtlsv2.Conn) {
 	t.Helper()
-	sock, err := rebind.Listen(via, net.UDPAddrFromAddrPort(public))
+	sock, err := cidroutetest.ListenRebind(via, net.UDPAddrFromAddrPort(public))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -140,7 +140,7 @@ func TestPionV2ByClientAddress(t *testing.T) {
 	rs := startReplicas(t, 2, cidroute.DTLS, bs)
 
 	const clients = 9
-	socks := make([]*rebind.Conn, clients)
+	socks := make([]*cidroutetest.RebindConn, clients)
 	conns := make([]*dtlsv2.Conn, clients)
 	owner := make([]int, clients)
 	perBackend := map[int]int{}

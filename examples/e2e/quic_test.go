@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/examples/internal/quicecho"
-	"github.com/cidroute/cidroute/examples/internal/rebind"
+	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/ppv2/backend"
+	"github.com/cidroute/cidroute/quic/quicgo/quicecho"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -43,7 +43,7 @@ func quicBackends(t *testing.T, n int, logs *syncBuffer) ([]*quicecho.Server, []
 // A quicClient is a quic-go connection with one open echo stream, dialed
 // from a socket that believes it talks to the public address.
 type quicClient struct {
-	sock   *rebind.Conn
+	sock   *cidroutetest.RebindConn
 	tr     *quic.Transport
 	conn   *quic.Conn
 	stream *quic.Stream
@@ -52,7 +52,7 @@ type quicClient struct {
 
 func dialQUIC(t *testing.T, ctx context.Context, via netip.AddrPort) *quicClient {
 	t.Helper()
-	sock, err := rebind.Listen(via, net.UDPAddrFromAddrPort(public))
+	sock, err := cidroutetest.ListenRebind(via, net.UDPAddrFromAddrPort(public))
 	require.NoError(t, err)
 	tr := &quic.Transport{Conn: sock}
 	t.Cleanup(func() { tr.Close(); sock.Close() })
@@ -85,7 +85,7 @@ func (c *quicClient) echo(t *testing.T, tag string, rounds int) {
 // other replica: quic-go probes the new path, then switches to it.
 func (c *quicClient) migrate(t *testing.T, ctx context.Context, via netip.AddrPort) {
 	t.Helper()
-	sock, err := rebind.Listen(via, net.UDPAddrFromAddrPort(public))
+	sock, err := cidroutetest.ListenRebind(via, net.UDPAddrFromAddrPort(public))
 	require.NoError(t, err)
 	tr := &quic.Transport{Conn: sock}
 	t.Cleanup(func() { tr.Close(); sock.Close() })

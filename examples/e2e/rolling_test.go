@@ -28,10 +28,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
-	"github.com/cidroute/cidroute/examples/internal/quicecho"
-	"github.com/cidroute/cidroute/examples/internal/rebind"
+	"github.com/cidroute/cidroute/cidroutetest"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/ppv2/backend"
+	"github.com/cidroute/cidroute/quic/quicgo/quicecho"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -600,7 +600,7 @@ func (r *roller) openQUIC(ctx context.Context, via netip.AddrPort, msg string) (
 
 // dialQUICErr is dialQUIC for goroutines: it returns errors.
 func dialQUICErr(ctx context.Context, via netip.AddrPort) (*quicConn, error) {
-	sock, err := rebind.Listen(via, net.UDPAddrFromAddrPort(public))
+	sock, err := cidroutetest.ListenRebind(via, net.UDPAddrFromAddrPort(public))
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ import (
 	pion "github.com/pion/dtls/v3"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 )
 
 // A soakClient is one legitimate device: a pion/dtls v3 client with CID

@@ -19,9 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
-	"github.com/cidroute/cidroute/examples/internal/quicecho"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/ppv2/backend"
+	"github.com/cidroute/cidroute/quic/quicgo/quicecho"
 	"github.com/cidroute/cidroute/registry"
 )
 

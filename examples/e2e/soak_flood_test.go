@@ -20,9 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/examples/internal/quicecho"
 	"github.com/cidroute/cidroute/ppv2"
 	cquic "github.com/cidroute/cidroute/quic"
+	"github.com/cidroute/cidroute/quic/quicgo/quicecho"
 )
 
 // A soakFloodKind is one kind of hostile traffic: gen makes each datagram,

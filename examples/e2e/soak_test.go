@@ -30,7 +30,7 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/registry"
 )
 

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/dtls"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
-	"github.com/cidroute/cidroute/examples/internal/rebind"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 )
 
 // transparentPionServer is a stock pion/dtls v3 listener on a plain UDP
@@ -133,12 +133,12 @@ func (s *transparentPionServer) view() []transparentPionView {
 // transparentPionClient is a pion/dtls v3 client with CID support on a
 // socket that can rebind; it believes it talks to the public address.
 type transparentPionClient struct {
-	sock *rebind.Conn
+	sock *cidroutetest.RebindConn
 	conn *pion.Conn
 }
 
 func dialTransparentPion(t *testing.T, via netip.AddrPort) (*transparentPionClient, error) {
-	sock, err := rebind.Listen(via, net.UDPAddrFromAddrPort(public))
+	sock, err := cidroutetest.ListenRebind(via, net.UDPAddrFromAddrPort(public))
 	if err != nil {
 		return nil, err
 	}

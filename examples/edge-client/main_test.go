@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
-	"github.com/cidroute/cidroute/internal/testproxy"
+	"github.com/cidroute/cidroute/cidroutetest"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
@@ -34,7 +34,8 @@ func TestEdgeClientSurvivesItsEdge(t *testing.T) {
 	var pipes []*cidroute.Pipeline
 	var edges []string
 	for range 2 {
-		p, a := testproxy.Start(t, 1, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS}})
+		px := cidroutetest.Start(t, 1, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS}}, bs...)
+		p, a := px.Pipeline, px.Addr
 		pipes = append(pipes, p)
 		edges = append(edges, a.String())
 	}

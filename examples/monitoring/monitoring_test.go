@@ -23,7 +23,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/examples/internal/proxyapp"
 	"github.com/cidroute/cidroute/internal/testtool"
 )

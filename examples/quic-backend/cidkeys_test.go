@@ -16,8 +16,8 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cidroute/cidroute/examples/internal/quicecho"
 	cidquic "github.com/cidroute/cidroute/quic"
+	"github.com/cidroute/cidroute/quic/quicgo/quicecho"
 )
 
 // dcidConn records the DCID of the client's short-header packets: the

@@ -30,12 +30,13 @@ import (
 
 	"github.com/cidroute/cidroute/cidkeys"
 	"github.com/cidroute/cidroute/examples/internal/backendcfg"
-	"github.com/cidroute/cidroute/examples/internal/quicecho"
 	"github.com/cidroute/cidroute/quic"
+	"github.com/cidroute/cidroute/quic/quicgo/quicecho"
+	"github.com/cidroute/cidroute/shutdown"
 )
 
 func main() {
-	drain, kill := backendcfg.Signals()
+	drain, kill := shutdown.Signals()
 	os.Exit(run(drain, kill, os.Args[1:], os.Stderr, nil))
 }
 
@@ -100,7 +101,7 @@ func run(drain, kill context.Context, args []string, stderr io.Writer, started f
 	if started != nil {
 		started(srv)
 	}
-	backendcfg.Stop(drain, kill, srv, set.DrainTimeout, log, "quic-backend", "connections")
+	shutdown.Drain(drain, kill, srv, set.Shutdown("quic-backend", "connections"))
 	st := srv.Stats()
 	log.Info("quic-backend stopped", "connections", len(srv.Connections()),
 		"proxied", st.AcceptedProxied, "direct", st.AcceptedDirect, "dropped", st.Dropped(), "dropped_untrusted", st.DroppedUntrusted)

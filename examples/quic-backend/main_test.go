@@ -15,7 +15,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/cidroute/cidroute/examples/internal/quicecho"
+	"github.com/cidroute/cidroute/quic/quicgo/quicecho"
 
 	"github.com/cidroute/cidroute/internal/testtool"
 )

@@ -29,7 +29,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/internal/testproxy"
+	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/quic/quicgo"
 	"github.com/cidroute/cidroute/registry"
@@ -131,7 +131,7 @@ func serveQUIC(t *testing.T, ord uint8, tc *tls.Config, handle func(*quic.Conn, 
 
 func startQUICProxy(t *testing.T, bs []registry.Backend) netip.AddrPort {
 	t.Helper()
-	_, addr := testproxy.Start(t, 7, bs, cidroute.Service{Name: "q", RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, PublicAddr: quicPublic}})
+	addr := cidroutetest.Start(t, 7, cidroute.Service{Name: "q", RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, PublicAddr: quicPublic}}, bs...).Addr
 	return addr
 }
 

@@ -22,9 +22,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/edge"
 	"github.com/cidroute/cidroute/internal/fakeclock"
-	"github.com/cidroute/cidroute/internal/testproxy"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
 )
@@ -61,7 +61,8 @@ func newQUICLab(t *testing.T, n int) *quicLab {
 	cliTLS.ClientSessionCache = nil // the dialer brings one
 	l := &quicLab{client: cliTLS}
 	for range n {
-		p, a := testproxy.Start(t, 42, bs, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC}})
+		px := cidroutetest.Start(t, 42, cidroute.Service{RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC}}, bs...)
+		p, a := px.Pipeline, px.Addr
 		l.pipes = append(l.pipes, p)
 		l.edges = append(l.edges, a)
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute"
-	"github.com/cidroute/cidroute/internal/testproxy"
+	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
 )
@@ -120,8 +120,10 @@ func TestQUICGoReplicaDies(t *testing.T) {
 	srv := startStreamEcho(t, stc)
 	bs := []registry.Backend{{Ordinal: 0, Addr: srv.bc.LocalAddr().(*net.UDPAddr).AddrPort(), Weight: 1, State: registry.Ready}}
 	svc := cidroute.Service{Name: "q", RouterConfig: cidroute.RouterConfig{Protocol: cidroute.QUIC, PublicAddr: quicPublic}}
-	pipeA, a := testproxy.Start(t, 7, bs, svc)
-	pipeB, b := testproxy.Start(t, 7, bs, svc)
+	pxA := cidroutetest.Start(t, 7, svc, bs...)
+	pipeA, a := pxA.Pipeline, pxA.Addr
+	pxB := cidroutetest.Start(t, 7, svc, bs...)
+	pipeB, b := pxB.Pipeline, pxB.Addr
 	upsA, _ := pipeA.UpstreamAddrs("q")
 	upsB, _ := pipeB.UpstreamAddrs("q")
 	upA, upB := upsA[0], upsB[0]

@@ -6,6 +6,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/cidroute/cidroute/dtls"
 	cidquic "github.com/cidroute/cidroute/quic"
 )
 
@@ -23,8 +24,14 @@ var (
 	_ Codec = (*cidquic.LBEncrypted)(nil)
 )
 
-// ErrCodec is returned when a codec cannot serve as a quic-go CID generator.
+// ErrCodec is returned when a codec cannot serve as a quic-go CID
+// generator: its CIDs do not fit QUIC, a client's random DCID can pass for
+// them (quic.ErrServerCIDLen, wrapped too), or they do not decode back.
 var ErrCodec = errors.New("quicgo: unusable CID codec")
+
+// ErrReservedOrdinal is returned by NewGenerator for ordinal 255, which no
+// backend may have. It is quic.ErrReservedOrdinal.
+var ErrReservedOrdinal = cidquic.ErrReservedOrdinal
 
 // Generator issues connection IDs that carry one backend's ordinal. It is
 // safe for concurrent use if its codec is (built-in codecs are).
@@ -45,19 +52,25 @@ var _ quic.ConnectionIDGenerator = (*Generator)(nil)
 
 // NewGenerator returns a Generator for the backend with the given ordinal.
 // A nil codec means the QUIC default, quic.LB{} (QUIC-LB plaintext, 12
-// octets). It checks that the codec's length fits QUIC (1..20), that the
-// ordinal is not the reserved 255, and that a trial CID has the codec's
-// length and decodes back to the ordinal.
+// octets). The ordinal must not be the reserved 255 (ErrReservedOrdinal).
+// The codec (else ErrCodec) must have a length a QUIC proxy routes by, as
+// cidroute.NewRouter requires (quic.CheckServerCIDLen: 1..20 but not 8,
+// and the ordinal-first codec only below 8), and a trial CID must have
+// that length and decode back to the ordinal.
 func NewGenerator(codec Codec, ordinal uint8) (*Generator, error) {
 	if codec == nil {
 		codec = cidquic.LB{}
 	}
 	if ordinal == 255 {
-		return nil, fmt.Errorf("%w: ordinal 255 is reserved", ErrCodec)
+		return nil, fmt.Errorf("quicgo: generator for ordinal 255: %w", ErrReservedOrdinal)
 	}
 	n := codec.Len()
-	if n < 1 || n > cidquic.MaxCIDLen {
-		return nil, fmt.Errorf("%w: length %d outside 1..%d", ErrCodec, n, cidquic.MaxCIDLen)
+	if err := cidquic.CheckServerCIDLen(n); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCodec, err)
+	}
+	if _, ok := codec.(dtls.OrdinalFirst); ok && n >= cidquic.MinInitialDCIDLen {
+		return nil, fmt.Errorf("%w: the ordinal-first codec of %d octets: it decodes nearly every client DCID of that length (use QUIC-LB, or fewer than %d octets): %w",
+			ErrCodec, n, cidquic.MinInitialDCIDLen, cidquic.ErrServerCIDLen)
 	}
 	var buf [cidquic.MaxCIDLen]byte
 	cid, err := codec.AppendCID(buf[:0], ordinal)

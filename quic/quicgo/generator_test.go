@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/cidroute/cidroute/dtls"
 	cidquic "github.com/cidroute/cidroute/quic"
 )
 
@@ -56,18 +57,32 @@ func TestNewGenerator(t *testing.T) {
 		codec   Codec
 		ordinal uint8
 	}{
-		"ordinal 255":          {cidquic.LB{}, 255},
 		"bad LB config":        {cidquic.LB{ConfigID: 7}, 1},
 		"LB too long":          {cidquic.LB{Length: 21}, 1},
 		"length 0":             {badCodec{n: 0, write: 0, decode: 1}, 1},
 		"length 21":            {badCodec{n: 21, write: 21, decode: 1}, 1},
-		"writes the wrong len": {badCodec{n: 8, write: 9, decode: 1}, 1},
-		"does not decode back": {badCodec{n: 8, write: 8, decode: 2}, 1},
-		"AppendCID fails":      {badCodec{n: 8, failErr: errors.New("boom")}, 1},
+		"writes the wrong len": {badCodec{n: 9, write: 10, decode: 1}, 1},
+		"does not decode back": {badCodec{n: 9, write: 9, decode: 2}, 1},
+		"AppendCID fails":      {badCodec{n: 9, failErr: errors.New("boom")}, 1},
+		"LB of 8":              {cidquic.LB{Length: 8}, 1},
+		"ordinal-first of 8":   {dtls.OrdinalFirst{}, 1},
+		"ordinal-first of 12":  {dtls.OrdinalFirst{Length: 12}, 1},
 	} {
 		if _, err := NewGenerator(tc.codec, tc.ordinal); !errors.Is(err, ErrCodec) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+	for _, c := range []Codec{cidquic.LB{Length: 8}, dtls.OrdinalFirst{}, dtls.OrdinalFirst{Length: 12}} {
+		if _, err := NewGenerator(c, 1); !errors.Is(err, cidquic.ErrServerCIDLen) {
+			t.Errorf("%T of %d: %v is not quic.ErrServerCIDLen", c, c.Len(), err)
+		}
+	}
+	if _, err := NewGenerator(dtls.OrdinalFirst{Length: 6}, 1); err != nil {
+		t.Errorf("ordinal-first of 6: %v", err)
+	}
+	_, err = NewGenerator(cidquic.LB{}, 255)
+	if !errors.Is(err, ErrReservedOrdinal) || !errors.Is(err, cidquic.ErrReservedOrdinal) || errors.Is(err, ErrCodec) {
+		t.Errorf("ordinal 255: %v", err)
 	}
 }
 

@@ -1,5 +1,6 @@
 module github.com/cidroute/cidroute/registry/kubernetes
 
+// go 1.26: k8s.io/client-go, api and apimachinery v0.37.2 declare it.
 go 1.26.0
 
 require (

@@ -1,19 +1,22 @@
+// Package backendcfg holds the command-line plumbing the example backends
+// (examples/dtls-backend, examples/quic-backend) share: the listen address,
+// the ordinal, taken from a flag or from the pod's hostname as in a
+// StatefulSet (ds-2 → 2, registry.OwnOrdinal), the trusted proxy list, the
+// direct-datagram policy and the log level.
 package backendcfg
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/cidroute/cidroute/ppv2/backend"
+	"github.com/cidroute/cidroute/registry"
+	"github.com/cidroute/cidroute/shutdown"
 )
 
 // DefaultTrusted is the -trusted-proxies default: backend's
@@ -75,7 +78,7 @@ func (f *Flags) Register(fs *flag.FlagSet, listen, pod, initials string) {
 type Settings struct {
 	Log            *slog.Logger
 	Ordinal        uint8
-	OrdinalFrom    string // which source Resolve used
+	OrdinalFrom    string // which source registry.OwnOrdinal used
 	Listen         netip.AddrPort
 	TrustedProxies []netip.Prefix
 	Direct         backend.DirectPolicy
@@ -93,7 +96,7 @@ func (f *Flags) Parse(fs *flag.FlagSet, stderr io.Writer) (Settings, error) {
 	if s.Log, err = Logger(stderr, f.Level); err != nil {
 		return s, err
 	}
-	if s.Ordinal, s.OrdinalFrom, err = Resolve(f.Ordinal, nil); err != nil {
+	if s.Ordinal, s.OrdinalFrom, err = registry.OwnOrdinal(f.Ordinal); err != nil {
 		return s, err
 	}
 	if s.Listen, err = netip.ParseAddrPort(f.Listen); err != nil {
@@ -110,41 +113,13 @@ func (f *Flags) Parse(fs *flag.FlagSet, stderr io.Writer) (Settings, error) {
 	return s, err
 }
 
-// Signals returns the contexts a backend stops by: drain is done at the
-// first SIGTERM or SIGINT, kill at the second.
-func Signals() (drain, kill context.Context) {
-	drain, startDrain := context.WithCancel(context.Background())
-	kill, stopNow := context.WithCancel(context.Background())
-	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		startDrain()
-		<-sig
-		stopNow()
-	}()
-	return drain, kill
-}
-
-// A Drainer is a server that drains: the DTLS and QUIC echo servers.
-type Drainer interface {
-	Open() int                           // sessions not ended yet
-	Drain(ctx context.Context) (cut int) // refuse new sessions, serve the open ones until ctx is done
-	Close() error
-}
-
-// Stop waits until drain is done, then drains srv for timeout or until
-// kill is done, and closes it; it logs both steps as name, counting
-// sessions as unit ("sessions", "connections").
-func Stop(drain, kill context.Context, srv Drainer, timeout time.Duration, log *slog.Logger, name, unit string) {
-	<-drain.Done()
-	open := srv.Open()
-	log.Info(name+" draining: new "+unit+" are refused, open ones are served until they end or the drain timeout",
-		"open", open, "drain_timeout", timeout)
-	ctx, cancel := context.WithTimeout(kill, timeout)
-	start := time.Now()
-	cut := srv.Drain(ctx)
-	cancel()
-	log.Info(name+" drained", "ended", open-cut, "cut", cut, "took", time.Since(start).Round(time.Millisecond))
-	srv.Close()
+// Shutdown is the shutdown.Config of a backend called name whose sessions
+// are unit ("sessions", "connections"): -drain-timeout, where 0 cuts the
+// open sessions at once.
+func (s Settings) Shutdown(name, unit string) shutdown.Config {
+	t := s.DrainTimeout
+	if t == 0 {
+		t = -1 // shutdown.Config's 0 is its default
+	}
+	return shutdown.Config{Timeout: t, Logger: s.Log, Name: name, Unit: unit}
 }

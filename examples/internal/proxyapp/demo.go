@@ -18,10 +18,10 @@ import (
 	pion "github.com/pion/dtls/v3"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/dtls/piondtls"
-	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
-	"github.com/cidroute/cidroute/examples/internal/rebind"
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/proxyconfig"
 	"github.com/cidroute/cidroute/registry"
@@ -207,7 +207,7 @@ func runClients(ctx context.Context, replicas []netip.AddrPort, d time.Duration)
 func (c *clientResult) run(ctx context.Context, id int, replicas []netip.AddrPort, deadline time.Time) {
 	c.ordinal = -1
 	via := id % len(replicas)
-	sock, err := rebind.Listen(replicas[via], net.UDPAddrFromAddrPort(demoPublic))
+	sock, err := cidroutetest.ListenRebind(replicas[via], net.UDPAddrFromAddrPort(demoPublic))
 	if err != nil {
 		c.err = err
 		return

@@ -7,13 +7,11 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/health"
-	"github.com/cidroute/cidroute/registry"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // probeFlags are -probe-dtls and -probe-quic: one health probe, as the
@@ -36,10 +34,10 @@ func (f *probeFlags) set() bool { return *f.dtls != "" || *f.quic != "" }
 // run sends the probe; the exit code is 0 when a healthy stack answered,
 // 1 when not, 2 on bad arguments.
 func (f *probeFlags) run(ctx context.Context, fs *flag.FlagSet, stdout, stderr io.Writer) int {
-	cfg := health.ProbeConfig{Protocol: health.DTLS, Direct: *f.direct}
+	cfg := health.ProbeConfig{Protocol: cidroute.DTLS, Direct: *f.direct}
 	target := *f.dtls
 	if *f.quic != "" {
-		cfg.Protocol, target = health.QUIC, *f.quic
+		cfg.Protocol, target = cidroute.QUIC, *f.quic
 	}
 	addr, err := netip.ParseAddrPort(target)
 	switch {
@@ -115,69 +113,4 @@ func (p *proxy) livez(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	fmt.Fprintln(w, "ok")
-}
-
-// healthCollector exports the health checkers' probes and verdicts.
-type healthCollector struct{ p *proxy }
-
-var (
-	descProbes = prometheus.NewDesc("cidroute_probes_total",
-		"Health probes sent to a backend (a DTLS ClientHello or a QUIC reserved-version packet under a PPv2 LOCAL header), by result: ok, timeout, refused (ICMP port unreachable), bad_answer (not the protocol's answer), error (not sent).",
-		[]string{"service", "ordinal", "result"}, nil)
-	descProbeUp = prometheus.NewDesc("cidroute_backend_probe_up",
-		"1 while the health checker considers the backend up, 0 while it is marked down (no new sessions; its CID sessions keep their route). Only for backends of services with health_check that the checker probes.",
-		[]string{"service", "ordinal"}, nil)
-	descProbeRTT = prometheus.NewDesc("cidroute_probe_duration_seconds",
-		"Round-trip time of answered health probes: from the probe's send to the backend stack's answer.",
-		[]string{"service"}, nil)
-	descSessionsMax = prometheus.NewDesc("cidroute_sessions_max",
-		"Transparent-mode session tables' capacity, summed over the service's workers; 0 with PROXY protocol.",
-		[]string{"service"}, nil)
-)
-
-func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descProbes, descProbeUp, descProbeRTT, descSessionsMax} {
-		ch <- d
-	}
-}
-
-func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, s := range c.p.pipe.Stats() {
-		ch <- prometheus.MustNewConstMetric(descSessionsMax, prometheus.GaugeValue, float64(s.MaxSessions), s.Name)
-	}
-	for _, name := range c.p.names {
-		checker, ok := c.p.regs.Checker(name)
-		if !ok {
-			continue
-		}
-		st := checker.Stats()
-		for _, b := range st.Backends {
-			ord := strconv.Itoa(int(b.Ordinal))
-			up := 0.0
-			if b.Up {
-				up = 1
-			}
-			ch <- prometheus.MustNewConstMetric(descProbeUp, prometheus.GaugeValue, up, name, ord)
-			for r := range health.NumResults {
-				ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(b.Results[r]), name, ord, health.Result(r).String())
-			}
-		}
-		buckets := make(map[float64]uint64, len(health.RTTBuckets))
-		for i, ub := range health.RTTBuckets {
-			buckets[ub] = st.RTT.Buckets[i]
-		}
-		ch <- prometheus.MustNewConstHistogram(descProbeRTT, st.RTT.Count, st.RTT.Sum, buckets, name)
-	}
-}
-
-// backendStates are the cidroute_registry_backends states: the registry's
-// three, and "down" (ready by the source, down by the probes).
-func backendStates(st registry.Stats) [4]struct {
-	state string
-	n     int
-} {
-	return [4]struct {
-		state string
-		n     int
-	}{{"ready", st.Ready}, {"draining", st.Draining}, {"down", st.Down}, {"gone", st.Gone}}
 }

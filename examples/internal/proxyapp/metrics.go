@@ -9,97 +9,22 @@ import (
 	"net/http/pprof"
 	"time"
 
-	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/promcollector"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// collector turns the pipeline's counters and the registries' stats into
-// metrics at scrape time, so the packet path does no metrics work at all.
-type collector struct {
-	p *proxy
-}
-
-var (
-	descDatagrams = prometheus.NewDesc("cidroute_datagrams_total",
-		"Datagrams handled, by service, direction (forward: client to backend, reverse: backend to client), outcome, drop reason and path (socket: the pipeline; xdp: the XDP fast path).",
-		[]string{"service", "direction", "outcome", "reason", "path"}, nil)
-	descReceived = prometheus.NewDesc("cidroute_datagrams_received_total",
-		"Datagrams received, by service, direction and path; equals the sum of cidroute_datagrams_total over outcome and reason.",
-		[]string{"service", "direction", "path"}, nil)
-	descBackends = prometheus.NewDesc("cidroute_registry_backends",
-		"Backends in the service's current registry snapshot, by state: ready, draining, down (ready by the source, marked down by health probes) and gone.",
-		[]string{"service", "state"}, nil)
-	descAge = prometheus.NewDesc("cidroute_registry_snapshot_age_seconds",
-		"Seconds since the backend source last published or confirmed the snapshot.",
-		[]string{"service"}, nil)
-	descStale = prometheus.NewDesc("cidroute_registry_stale",
-		"1 while the registry is stale (new sessions refused, CID sessions still routed), else 0.",
-		[]string{"service"}, nil)
-	descRejected = prometheus.NewDesc("cidroute_registry_rejected_updates_total",
-		"Backend updates refused: invalid lists (duplicate ordinals or addresses, empty, ...) and backend files that could not be read or decoded.",
-		[]string{"service"}, nil)
-	descSessions = prometheus.NewDesc("cidroute_sessions",
-		"Transparent-mode sessions (one upstream socket per flow: client address and backend); always 0 with PROXY protocol.",
-		[]string{"service"}, nil)
-	descVersion = prometheus.NewDesc("cidroute_registry_snapshot_version",
-		"Version of the current registry snapshot; it grows by one with each accepted update.",
-		[]string{"service"}, nil)
-)
-
-// The drop reasons each direction can produce (cidroute.ForwardDrops and
-// ReverseDrops) are exported from the start, at 0, so that rate() and
-// alerts see them before the first drop; any other reason appears once it
-// counts something.
-
-func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descBackends, descAge, descStale, descRejected, descVersion, descSessions} {
-		ch <- d
-	}
-}
-
-func (c collector) Collect(ch chan<- prometheus.Metric) {
-	for _, s := range c.p.stats() {
-		if s.path == "socket" {
-			ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(s.Sessions), s.Name)
-		}
-		for _, d := range []struct {
-			name    string
-			c       *cidroute.Counters
-			reasons cidroute.ReasonSet
-		}{{"forward", &s.Forward, cidroute.ForwardDrops}, {"reverse", &s.Reverse, cidroute.ReverseDrops}} {
-			ch <- prometheus.MustNewConstMetric(descReceived, prometheus.CounterValue, float64(d.c.Received), s.Name, d.name, s.path)
-			ch <- prometheus.MustNewConstMetric(descDatagrams, prometheus.CounterValue, float64(d.c.Forwarded), s.Name, d.name, "forwarded", "", s.path)
-			for r := cidroute.Reason(1); r < cidroute.NumReasons; r++ {
-				if n := d.c.Dropped[r]; n > 0 || d.reasons.Has(r) {
-					ch <- prometheus.MustNewConstMetric(descDatagrams, prometheus.CounterValue, float64(n), s.Name, d.name, "dropped", r.String(), s.path)
-				}
-			}
-		}
-	}
-	for _, name := range c.p.names {
-		reg, _ := c.p.regs.Registry(name)
-		st := reg.Stats()
-		for _, b := range backendStates(st) {
-			ch <- prometheus.MustNewConstMetric(descBackends, prometheus.GaugeValue, float64(b.n), name, b.state)
-		}
-		ch <- prometheus.MustNewConstMetric(descAge, prometheus.GaugeValue, st.Age.Seconds(), name)
-		stale := 0.0
-		if st.Stale {
-			stale = 1
-		}
-		ch <- prometheus.MustNewConstMetric(descStale, prometheus.GaugeValue, stale, name)
-		ch <- prometheus.MustNewConstMetric(descRejected, prometheus.CounterValue, float64(st.Rejections), name)
-		ch <- prometheus.MustNewConstMetric(descVersion, prometheus.GaugeValue, float64(st.Version), name)
-	}
-}
-
 // metricsHandler serves /metrics from its own registry (not the global one),
 // /readyz and /livez, and Go's profiler under /debug/pprof/.
 func metricsHandler(p *proxy) http.Handler {
+	c, err := promcollector.New(promcollector.Config{Pipeline: p.pipe, Registry: p.regs.Registry, Checker: p.regs.Checker,
+		Paths: []promcollector.Path{{Name: "xdp", Stats: p.xdpStats}}})
+	if err != nil {
+		panic(err) // a pipeline and a named path: cannot fail
+	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collector{p}, healthCollector{p},
+	reg.MustRegister(c,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()

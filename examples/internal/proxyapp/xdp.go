@@ -74,23 +74,10 @@ func (p *proxy) closeXDP() {
 	}
 }
 
-// pathStats is one path's counters of a service: "socket" (the pipeline)
-// or "xdp".
-type pathStats struct {
-	path string
-	cidroute.ServiceStats
-}
-
-// stats are the counters of both paths.
-func (p *proxy) stats() []pathStats {
-	var out []pathStats
-	for _, s := range p.pipe.Stats() {
-		out = append(out, pathStats{"socket", s})
+// xdpStats are the fast path's counters, none without it.
+func (p *proxy) xdpStats() []cidroute.ServiceStats {
+	if a := p.accel; a != nil {
+		return a.Stats()
 	}
-	if p.accel != nil {
-		for _, s := range p.accel.Stats() {
-			out = append(out, pathStats{"xdp", s})
-		}
-	}
-	return out
+	return nil
 }

@@ -1,5 +1,7 @@
 module github.com/cidroute/cidroute/examples/kubernetes/cidproxy
 
+// go 1.26: k8s.io/client-go v0.37.2 (through registry/kubernetes) and
+// prometheus/client_golang v1.25.0 (through the examples module) declare it.
 go 1.26.0
 
 require (
@@ -13,6 +15,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/cidroute/cidroute/dtls/piondtls v0.0.0 // indirect
 	github.com/cidroute/cidroute/examples v0.0.0
+	github.com/cidroute/cidroute/promcollector v0.0.0 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.1 // indirect
@@ -74,6 +77,7 @@ replace (
 	github.com/cidroute/cidroute => ../../..
 	github.com/cidroute/cidroute/dtls/piondtls => ../../../dtls/piondtls
 	github.com/cidroute/cidroute/examples => ../..
+	github.com/cidroute/cidroute/promcollector => ../../../promcollector
 	github.com/cidroute/cidroute/quic/quicgo => ../../../quic/quicgo
 	github.com/cidroute/cidroute/registry/kubernetes => ../../../registry/kubernetes
 )

@@ -1,14 +1,3 @@
-// Package dtlsecho is the pion/dtls v3 echo server of examples/dtls-backend,
-// as a library so that the end-to-end tests and cidproxy's demo can start
-// it in-process.
-//
-// A Server reads its UDP socket through ppv2/backend (PROXY protocol v2
-// from trusted proxies stripped, the claimed client kept apart from the
-// measured proxy) and dtls/piondtls (sessions told apart by connection ID,
-// then by client address), and issues ordinal-first connection IDs, so
-// that cidroute proxies route every record of a session to it. It logs one
-// line when a session starts, when its client moves, and when it ends,
-// never one per datagram.
 package dtlsecho
 
 import (
@@ -28,8 +17,8 @@ import (
 
 	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/dtls/piondtls"
-	"github.com/cidroute/cidroute/examples/internal/echobase"
-	"github.com/cidroute/cidroute/examples/internal/selfsigned"
+	"github.com/cidroute/cidroute/internal/echobase"
+	"github.com/cidroute/cidroute/internal/selfsigned"
 	"github.com/cidroute/cidroute/ppv2/backend"
 )
 

@@ -13,7 +13,9 @@ import (
 	pion "github.com/pion/dtls/v3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cidroute/cidroute/dtls/piondtls"
 	"github.com/cidroute/cidroute/internal/testtool"
+	"github.com/cidroute/cidroute/shutdown"
 )
 
 // syncBuffer is a log sink shared by goroutines and the test.
@@ -64,3 +66,9 @@ func TestEchoAndIdle(t *testing.T) {
 	require.False(t, ss[0].Open)
 	require.Equal(t, 1, ss[0].Messages)
 }
+
+// What package shutdown drains: the server, and pion's listener itself.
+var (
+	_ shutdown.Drainer = (*Server)(nil)
+	_ shutdown.Drainer = (*piondtls.Listener)(nil)
+)

@@ -1,7 +1,9 @@
-// Package echobase holds what the DTLS and QUIC echo servers (dtlsecho,
-// quicecho) share: their socket behind the PPv2 adapter, the peer of a
-// connection and how it is logged, and the in-order list of what they
-// served.
+// Package echobase holds what the DTLS and QUIC echo servers
+// (dtls/piondtls/dtlsecho, quic/quicgo/quicecho) share: their socket behind
+// the PPv2 adapter, the peer of a connection and how it is logged, and the
+// in-order list of what they served. They live in other modules, which
+// import it across the module boundary (internal is path-based): change
+// it only together with them.
 package echobase
 
 import (

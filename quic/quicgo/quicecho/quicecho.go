@@ -1,13 +1,3 @@
-// Package quicecho is the quic-go echo server of examples/quic-backend, as a
-// library so that the end-to-end tests can start it in-process.
-//
-// A Server runs a quic.Transport over ppv2/backend (PROXY protocol v2 from
-// trusted proxies stripped, the claimed client kept apart from the measured
-// proxy) with quic/quicgo's Generator as its ConnectionIDGenerator, so every
-// connection ID it issues, the Initial SCID and those of its
-// NEW_CONNECTION_ID frames, carries its ordinal. Each stream echoes what it
-// reads. It logs one line when a connection starts, when its client moves
-// (connection migration, NAT rebinding) and when it ends.
 package quicecho
 
 import (
@@ -24,8 +14,8 @@ import (
 
 	"github.com/quic-go/quic-go"
 
-	"github.com/cidroute/cidroute/examples/internal/echobase"
-	"github.com/cidroute/cidroute/examples/internal/selfsigned"
+	"github.com/cidroute/cidroute/internal/echobase"
+	"github.com/cidroute/cidroute/internal/selfsigned"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/quic/quicgo"
 )

@@ -1,14 +1,4 @@
-// Package rebind is a client-side net.PacketConn for the examples and the
-// end-to-end tests: a UDP socket that can be swapped for a fresh one in the
-// middle of a session, the way a NAT rebinding changes a client's source
-// port, and that can be pointed at another proxy replica at the same time.
-//
-// The protocol stack on top (a pion/dtls client, a quic-go Transport) sees
-// one fixed remote address throughout: every datagram it reads appears to
-// come from it, whatever replica actually sent it. That is what a client
-// behind a load balancer sees, since all replicas answer from the one
-// public address.
-package rebind
+package cidroutetest
 
 import (
 	"net"
@@ -20,9 +10,16 @@ import (
 	"github.com/cidroute/cidroute/dtls"
 )
 
-// A Conn is a replaceable client socket. Its methods are safe for
+// A RebindConn is a client-side net.PacketConn whose UDP socket can be
+// swapped for a fresh one in the middle of a session, the way a NAT
+// rebinding changes a client's source port, and pointed at another proxy
+// replica at the same time. The protocol stack on top (a pion/dtls client,
+// a quic-go Transport) sees one fixed remote address throughout: every
+// datagram it reads appears to come from it, whatever replica actually
+// sent it. That is what a client behind a load balancer sees, since all
+// replicas answer from the one public address. Its methods are safe for
 // concurrent use.
-type Conn struct {
+type RebindConn struct {
 	remote net.Addr // what the stack is told it talks to
 
 	mu     sync.Mutex
@@ -37,14 +34,14 @@ type Conn struct {
 	closed bool
 }
 
-// Listen opens a socket on 127.0.0.1 that sends to target. Reads report
-// target as their source, unless remote is given: then remote is what the
-// stack sees as its peer for the Conn's whole life.
-func Listen(target netip.AddrPort, remote net.Addr) (*Conn, error) {
+// ListenRebind opens a socket on 127.0.0.1 that sends to target. Reads
+// report target as their source, unless remote is given: then remote is
+// what the stack sees as its peer for the RebindConn's whole life.
+func ListenRebind(target netip.AddrPort, remote net.Addr) (*RebindConn, error) {
 	if remote == nil {
 		remote = net.UDPAddrFromAddrPort(target)
 	}
-	c := &Conn{remote: remote}
+	c := &RebindConn{remote: remote}
 	if err := c.Rebind(target); err != nil {
 		return nil, err
 	}
@@ -53,7 +50,7 @@ func Listen(target netip.AddrPort, remote net.Addr) (*Conn, error) {
 
 // Rebind moves to a fresh socket (a new source port) that sends to
 // target. A read blocked on the old socket goes on reading the new one.
-func (c *Conn) Rebind(target netip.AddrPort) error {
+func (c *RebindConn) Rebind(target netip.AddrPort) error {
 	u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		return err
@@ -80,62 +77,62 @@ func (c *Conn) Rebind(target netip.AddrPort) error {
 // Retarget keeps the socket and sends to target from now on, as when a
 // load balancer starts picking another proxy replica for the same client
 // address.
-func (c *Conn) Retarget(target netip.AddrPort) {
+func (c *RebindConn) Retarget(target netip.AddrPort) {
 	c.mu.Lock()
 	c.target = target
 	c.mu.Unlock()
 }
 
 // Local returns the current socket's address.
-func (c *Conn) Local() netip.AddrPort {
+func (c *RebindConn) Local() netip.AddrPort {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.udp.LocalAddr().(*net.UDPAddr).AddrPort()
 }
 
 // Target returns where writes go now.
-func (c *Conn) Target() netip.AddrPort {
+func (c *RebindConn) Target() netip.AddrPort {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.target
 }
 
-// Ports returns how many sockets the Conn has used.
-func (c *Conn) Ports() int {
+// Ports returns how many sockets the RebindConn has used.
+func (c *RebindConn) Ports() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.ports
 }
 
-// WatchDTLSCID makes the Conn remember the connection ID of the first
+// WatchDTLSCID makes the RebindConn remember the connection ID of the first
 // outgoing DTLS tls12_cid record with a CID of cidLen bytes: the CID the
 // server issued, so the client can tell which backend owns its session
 // (pion does not expose it).
-func (c *Conn) WatchDTLSCID(cidLen int) {
+func (c *RebindConn) WatchDTLSCID(cidLen int) {
 	c.mu.Lock()
 	c.cidLen = cidLen
 	c.mu.Unlock()
 }
 
 // CID returns the connection ID seen by WatchDTLSCID, or nil.
-func (c *Conn) CID() []byte {
+func (c *RebindConn) CID() []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.cid
 }
 
-// WatchQUICDCID makes the Conn remember the destination connection ID of
+// WatchQUICDCID makes the RebindConn remember the destination connection ID of
 // the latest outgoing QUIC short-header packet, whose DCID has cidLen
 // bytes: the server CID the client uses now, which changes on connection
 // migration (quic-go does not expose it).
-func (c *Conn) WatchQUICDCID(cidLen int) {
+func (c *RebindConn) WatchQUICDCID(cidLen int) {
 	c.mu.Lock()
 	c.qLen = cidLen
 	c.mu.Unlock()
 }
 
 // DCID returns a copy of the connection ID seen by WatchQUICDCID, or nil.
-func (c *Conn) DCID() []byte {
+func (c *RebindConn) DCID() []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]byte(nil), c.dcid...)
@@ -143,7 +140,7 @@ func (c *Conn) DCID() []byte {
 
 // ReadFrom reads from the current socket; a read interrupted by Rebind
 // continues on the new one.
-func (c *Conn) ReadFrom(b []byte) (int, net.Addr, error) {
+func (c *RebindConn) ReadFrom(b []byte) (int, net.Addr, error) {
 	for {
 		c.mu.Lock()
 		u := c.udp
@@ -162,7 +159,7 @@ func (c *Conn) ReadFrom(b []byte) (int, net.Addr, error) {
 }
 
 // WriteTo sends b to the current target; the address argument is ignored.
-func (c *Conn) WriteTo(b []byte, _ net.Addr) (int, error) {
+func (c *RebindConn) WriteTo(b []byte, _ net.Addr) (int, error) {
 	c.mu.Lock()
 	u, to := c.udp, c.target
 	if c.cidLen > 0 && c.cid == nil {
@@ -178,7 +175,7 @@ func (c *Conn) WriteTo(b []byte, _ net.Addr) (int, error) {
 }
 
 // Close closes the current socket.
-func (c *Conn) Close() error {
+func (c *RebindConn) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -189,13 +186,13 @@ func (c *Conn) Close() error {
 }
 
 // LocalAddr returns the current socket's address.
-func (c *Conn) LocalAddr() net.Addr { return net.UDPAddrFromAddrPort(c.Local()) }
+func (c *RebindConn) LocalAddr() net.Addr { return net.UDPAddrFromAddrPort(c.Local()) }
 
 // SetDeadline sets the read deadline (writes do not block).
-func (c *Conn) SetDeadline(t time.Time) error { return c.SetReadDeadline(t) }
+func (c *RebindConn) SetDeadline(t time.Time) error { return c.SetReadDeadline(t) }
 
 // SetReadDeadline sets the read deadline of this and later sockets.
-func (c *Conn) SetReadDeadline(t time.Time) error {
+func (c *RebindConn) SetReadDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.rdl = t
@@ -203,17 +200,17 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 }
 
 // SetWriteDeadline does nothing: UDP writes do not block.
-func (c *Conn) SetWriteDeadline(time.Time) error { return nil }
+func (c *RebindConn) SetWriteDeadline(time.Time) error { return nil }
 
 // SetReadBuffer and SetWriteBuffer size the current socket's buffers
 // (quic-go asks for them).
-func (c *Conn) SetReadBuffer(n int) error {
+func (c *RebindConn) SetReadBuffer(n int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.udp.SetReadBuffer(n)
 }
 
-func (c *Conn) SetWriteBuffer(n int) error {
+func (c *RebindConn) SetWriteBuffer(n int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.udp.SetWriteBuffer(n)
@@ -221,7 +218,7 @@ func (c *Conn) SetWriteBuffer(n int) error {
 
 // SyscallConn returns the current socket's raw connection, so that
 // quic-go can check its buffer sizes.
-func (c *Conn) SyscallConn() (syscall.RawConn, error) {
+func (c *RebindConn) SyscallConn() (syscall.RawConn, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.udp.SyscallConn()
@@ -229,9 +226,9 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) {
 
 // NetConn returns a net.Conn view of c talking to its remote address, for
 // stacks that take a connected socket (pion/dtls v2).
-func (c *Conn) NetConn() net.Conn { return netConn{c} }
+func (c *RebindConn) NetConn() net.Conn { return netConn{c} }
 
-type netConn struct{ *Conn }
+type netConn struct{ *RebindConn }
 
 func (n netConn) Read(b []byte) (int, error) {
 	k, _, err := n.ReadFrom(b)
@@ -240,3 +237,5 @@ func (n netConn) Read(b []byte) (int, error) {
 
 func (n netConn) Write(b []byte) (int, error) { return n.WriteTo(b, nil) }
 func (n netConn) RemoteAddr() net.Addr        { return n.remote }
+
+var _ net.PacketConn = (*RebindConn)(nil)
