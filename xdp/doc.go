@@ -3,8 +3,8 @@
 // before the kernel's UDP stack, with the pipeline's sockets as the slow
 // path for everything it hands up.
 //
-// The program (bpf/cidroute.c) applies SPEC.md's routing table as package
-// cidroute's Router does: the same classification of DTLS records and QUIC
+// The program (bpf/cidroute.c) applies the routing table of docs/design.md
+// as package cidroute's Router does: the same classification of DTLS records and QUIC
 // packets, ordinals from ordinal-first and QUIC-LB plaintext CIDs, and new
 // sessions by the registry snapshot's own HRW bucket table and seed, so a
 // proxy with XDP and one without pick the same backend for every

@@ -1,5 +1,7 @@
 module github.com/cidroute/cidroute/xdp
 
+// go 1.26: the quicgo module its wire tests use declares it
+// (github.com/cilium/ebpf v0.22.0 alone needs 1.25).
 go 1.26.0
 
 require (

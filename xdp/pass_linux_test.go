@@ -43,6 +43,12 @@ func (e *diffEnv) forwardMayPass(s *diffService, client netip.AddrPort, dst neti
 	if s.Protocol == cidroute.QUIC && quicPackets(payload, s.Codec.Len()) > maxQUICPackets {
 		return "more than 8 coalesced QUIC packets"
 	}
+	if s.Protocol == cidroute.DTLS && dtlsFirstCIDMisfits(payload, s.Codec.Len()) {
+		return "a first tls12_cid record that does not fit the service's CID length (dtls.MismatchedCID decides)"
+	}
+	if s.Protocol == cidroute.QUIC && quicRejectedHandshakeOfOtherLen(payload, s.Codec.Len()) {
+		return "a rejected QUIC datagram starting with a Handshake packet whose DCID is of another length"
+	}
 	if !want.backend.IsValid() {
 		return ""
 	}
@@ -213,4 +219,51 @@ func hasTLVs(b []byte) bool {
 		return blk > 36
 	}
 	return false
+}
+
+// dtlsFirstCIDMisfits is the program's walk up to the first tls12_cid
+// record: the records before it are well formed, and it does not fit
+// under cidLen (too short for its header, or a length of 0 or past the
+// end).
+func dtlsFirstCIDMisfits(b []byte, cidLen int) bool {
+	off := 0
+	for i := 0; i < maxDTLSRecords && off < len(b); i++ {
+		rem := b[off:]
+		if len(rem) < 13 || (uint16(rem[1])<<8|uint16(rem[2])|2) != 0xfeff {
+			return false
+		}
+		hl := 13
+		if rem[0] == byte(dtls.TLS12CID) {
+			hl += cidLen
+			if len(rem) < hl {
+				return true
+			}
+			l := int(rem[hl-2])<<8 | int(rem[hl-1])
+			return l == 0 || l > len(rem)-hl
+		}
+		if rem[0] < 20 || rem[0] > 23 {
+			return false
+		}
+		l := int(rem[11])<<8 | int(rem[12])
+		if l == 0 || l > len(rem)-hl {
+			return false
+		}
+		off += hl + l
+	}
+	return false
+}
+
+// quicRejectedHandshakeOfOtherLen: the classifier rejects b, whose first
+// packet is a v1 or v2 Handshake with a DCID length byte other than
+// cidLen (the program's handshake_of_other_len).
+func quicRejectedHandshakeOfOtherLen(b []byte, cidLen int) bool {
+	if len(b) < 6 || b[0]&0x80 == 0 || int(b[5]) == cidLen {
+		return false
+	}
+	v, t := binary.BigEndian.Uint32(b[1:5]), b[0]>>4&3
+	if !(v == 1 && t == 2 || v == 0x6b3343cf && t == 3) {
+		return false
+	}
+	_, err := cidroute.QUICClassifier{CIDLen: cidLen}.Classify(b)
+	return err != nil
 }

@@ -28,8 +28,8 @@ import (
 // Limits of the program's maps (bpf/cidroute.c).
 const (
 	MaxServices = 64
-	numSlots    = 16 // counter slots per service and direction
-	slotPassed  = 15
+	numSlots    = 32 // counter slots per service and direction
+	slotPassed  = 31
 	addrSlots   = 1024
 	addrProbes  = 16
 )

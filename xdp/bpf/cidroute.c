@@ -54,8 +54,9 @@ enum {
 	R_BAD_DESTINATION = 9,
 	R_UNROUTABLE = 12,
 	R_OWN_ADDRESS = 13,
-	R_PASSED = 15,
-	NUM_SLOTS = 16,
+	R_CID_LENGTH = 15,
+	R_PASSED = 31,
+	NUM_SLOTS = 32,
 	R_PASS = 255, // internal: hand the datagram to the stack
 };
 
@@ -361,10 +362,13 @@ __noinline int classify_dtls(struct xdp_md *ctx, __u32 p, __u32 n, __u32 cid_len
 			return R_MALFORMED;
 		__u32 hl = 13;
 		__u8 len[2] = {h[11], h[12]};
+		// A first tls12_cid record that does not fit may carry a CID
+		// of another length (dtls.MismatchedCID): the pipeline tells.
+		int first_cid = h[0] == 25 && !found;
 		if (h[0] == 25) {
 			hl += cid_len;
 			if (rem < hl)
-				return R_MALFORMED;
+				return first_cid ? R_PASS : R_MALFORMED;
 			if (!found) {
 				found = 1;
 				c->id_off = off + 11;
@@ -376,7 +380,7 @@ __noinline int classify_dtls(struct xdp_md *ctx, __u32 p, __u32 n, __u32 cid_len
 		}
 		__u32 l = (__u32)len[0] << 8 | len[1];
 		if (l == 0 || l > rem - hl)
-			return R_MALFORMED;
+			return first_cid ? R_PASS : R_MALFORMED;
 		off += hl + l;
 	}
 	if (off < n)
@@ -1151,7 +1155,7 @@ static __noinline int decide(struct xdp_md *ctx, struct svc_cfg *s, struct snap 
 	int by_addrs = 0; // hash client || service instead of the ID
 	if (c->kind == KIND_ESTABLISHED) {
 		if (c->id_len != s->cid_len)
-			return R_UNKNOWN_ORDINAL;
+			return R_CID_LENGTH; // a QUIC Handshake DCID of another length
 		o = ordinal(ctx, fr->hl, c->id_off, c->id_len, s);
 		if (o == -2)
 			return R_PASS;
@@ -1269,6 +1273,21 @@ static __noinline int own_backend(struct svc_cfg *s, const __u8 *ip, __u16 port)
 	return R_PASS;
 }
 
+// handshake_of_other_len reports whether a QUIC datagram the classifier
+// rejected starts with a v1 or v2 Handshake packet whose DCID is not of the
+// service's length: the pipeline may count it as cid_length rather than
+// malformed (Router.mismatchedCID parses the whole header), so it decides.
+static __always_inline int handshake_of_other_len(struct xdp_md *ctx, struct frame *fr, struct svc_cfg *s)
+{
+	__u8 h[6];
+	if (fr->plen < 6 || load(ctx, fr->hl, h, 6) || !(h[0] & 0x80))
+		return 0;
+	__u32 v = (__u32)h[1] << 24 | (__u32)h[2] << 16 | (__u32)h[3] << 8 | h[4];
+	__u8 t = (h[0] >> 4) & 3;
+	int hs = (v == 1 && t == 2) || (v == 0x6b3343cf && t == 3);
+	return hs && h[5] != s->cid_len;
+}
+
 static __noinline int forward(struct xdp_md *ctx, struct frame *fr, struct svc_cfg *s, __u16 csum)
 {
 	__u32 id = s->id;
@@ -1286,7 +1305,7 @@ static __noinline int forward(struct xdp_md *ctx, struct frame *fr, struct svc_c
 		r = classify_dtls(ctx, fr->hl, fr->plen, s->cid_len, &c);
 	else
 		r = classify_quic(ctx, fr->hl, fr->plen, s->cid_len, &c);
-	if (r == R_PASS)
+	if (r == R_PASS || (r && s->proto == PROTO_QUIC && handshake_of_other_len(ctx, fr, s)))
 		goto pass;
 	if (r) {
 		count(id, DIR_FORWARD, R_MALFORMED);
