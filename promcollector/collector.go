@@ -96,6 +96,12 @@ var (
 	descProbeUp = prometheus.NewDesc("cidroute_backend_probe_up",
 		"1 while the health checker considers the backend up, 0 while it is marked down (no new sessions; its CID sessions keep their route). Only for backends of services with health_check that the checker probes.",
 		[]string{"service", "ordinal"}, nil)
+	descKernelDrops = prometheus.NewDesc("cidroute_kernel_drops_total",
+		"Datagrams the kernel dropped on the pipeline's receiving sockets because their receive buffers were full (forward: the service sockets; reverse: the upstream sockets), before the pipeline read them: the kernel accepted cidroute_datagrams_received_total + this. Raise recv_buffer when it grows.",
+		[]string{"service", "direction"}, nil)
+	descBatch = prometheus.NewDesc("cidroute_batch_size",
+		"Datagrams per receive call (recvmmsg), by service and direction: the mean (sum / count) near 1 means workers wake for every datagram (light load), near the batch size (32) that they are saturated.",
+		[]string{"service", "direction"}, nil)
 	descProbeRTT = prometheus.NewDesc("cidroute_probe_duration_seconds",
 		"Round-trip time of answered health probes: from the probe's send to the backend stack's answer.",
 		[]string{"service"}, nil)
@@ -104,7 +110,8 @@ var (
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descSessions, descSessionsMax,
-		descBackends, descAge, descStale, descRejected, descVersion, descProbes, descProbeUp, descProbeRTT} {
+		descBackends, descAge, descStale, descRejected, descVersion, descProbes, descProbeUp, descProbeRTT,
+		descKernelDrops, descBatch} {
 		ch <- d
 	}
 }
@@ -116,6 +123,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- gauge(descSessions, float64(s.Sessions), s.Name)
 		ch <- gauge(descSessionsMax, float64(s.MaxSessions), s.Name)
 		datagrams(ch, s, pathSocket)
+		sockets(ch, s)
 	}
 	for _, p := range c.cfg.Paths {
 		for _, s := range p.Stats() {
@@ -151,6 +159,26 @@ func datagrams(ch chan<- prometheus.Metric, s cidroute.ServiceStats, path string
 				ch <- counter(descDatagrams, float64(n), s.Name, d.name, "dropped", r.String(), path)
 			}
 		}
+	}
+}
+
+// sockets exports what the pipeline's sockets tell of their load: the
+// kernel's drops and the batch sizes.
+func sockets(ch chan<- prometheus.Metric, s cidroute.ServiceStats) {
+	for _, d := range []struct {
+		name string
+		c    *cidroute.Counters
+	}{{"forward", &s.Forward}, {"reverse", &s.Reverse}} {
+		ch <- counter(descKernelDrops, float64(d.c.KernelDrops), s.Name, d.name)
+		// BatchSizes[i] holds batches of 2^(i-1) to 2^i-1 datagrams: the
+		// cumulative bucket "le 2^i-1" is the sum up to i.
+		buckets := make(map[float64]uint64, cidroute.NumBatchBuckets-1)
+		var cum uint64
+		for i := 1; i < cidroute.NumBatchBuckets; i++ {
+			cum += d.c.BatchSizes[i]
+			buckets[float64(uint64(1)<<i-1)] = cum
+		}
+		ch <- prometheus.MustNewConstHistogram(descBatch, cum, float64(d.c.Received), buckets, s.Name, d.name)
 	}
 }
 

@@ -70,6 +70,12 @@ func TestCollect(t *testing.T) {
 		{"xdp path", `cidroute_datagrams_total{direction="forward",outcome="forwarded",path="xdp",reason="",service="coaps"} 5`},
 		{"registry", `cidroute_registry_backends{service="coaps",state="ready"} 1`},
 		{"version", `cidroute_registry_snapshot_version{service="coaps"} 1`},
+		{"kernel drops", `cidroute_kernel_drops_total{direction="forward",service="coaps"} 0`},
+		{"kernel drops, reverse", `cidroute_kernel_drops_total{direction="reverse",service="coaps"} 0`},
+		{"one batch", `cidroute_batch_size_count{direction="forward",service="coaps"} 1`},
+		{"of one datagram", `cidroute_batch_size_sum{direction="forward",service="coaps"} 1`},
+		{"in the first bucket", `cidroute_batch_size_bucket{direction="forward",le="1",service="coaps"} 1`},
+		{"no replies", `cidroute_batch_size_count{direction="reverse",service="coaps"} 0`},
 	} {
 		if !strings.Contains(gather(t, reg), tc.labels) {
 			t.Errorf("%s: no %s", tc.name, tc.labels)
@@ -93,6 +99,14 @@ func gather(t *testing.T, g prometheus.Gatherer) string {
 			var labels []string
 			for _, l := range m.GetLabel() {
 				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			if h := m.GetHistogram(); h != nil {
+				l := strings.Join(labels, ",")
+				fmt.Fprintf(&b, "%s_count{%s} %d\n%s_sum{%s} %g\n", mf.GetName(), l, h.GetSampleCount(), mf.GetName(), l, h.GetSampleSum())
+				for _, bk := range h.GetBucket() {
+					fmt.Fprintf(&b, "%s_bucket{%s} %d\n", mf.GetName(), strings.Join(append(labels[:1:1], append([]string{fmt.Sprintf("le=%q", fmt.Sprint(bk.GetUpperBound()))}, labels[1:]...)...), ","), bk.GetCumulativeCount())
+				}
+				continue
 			}
 			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
 			fmt.Fprintf(&b, "%s{%s} %g\n", mf.GetName(), strings.Join(labels, ","), v)
