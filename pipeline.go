@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cidroute/cidroute/internal/addr"
@@ -360,7 +361,7 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 		p.bound = append(p.bound, w.up.addrs()...)
 	}
 	if u, ok := s.workers[0].up.(*sharedUpstream); ok {
-		p.warnBuffers(sc, "upstream", u.conn)
+		p.warnBuffers(sc, "upstream", u.io)
 	}
 	return s, nil
 }
@@ -369,7 +370,7 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 // sockets of a kind) smaller buffers than sc asks for: without
 // CAP_NET_ADMIN it caps them at net.core.rmem_max and wmem_max, silently,
 // and a short receive buffer drops datagrams in bursts (KernelDrops).
-func (p *Pipeline) warnBuffers(sc Service, kind string, c *net.UDPConn) {
+func (p *Pipeline) warnBuffers(sc Service, kind string, c syscall.Conn) {
 	if sc.RecvBuffer == 0 && sc.SendBuffer == 0 {
 		return
 	}
@@ -545,7 +546,7 @@ func (p *Pipeline) Stats() []ServiceStats {
 			w.fwd.load(&out[i].Forward)
 			w.rp.rev.load(&out[i].Reverse)
 			out[i].Sessions += w.up.sessions()
-			out[i].Forward.KernelDrops += kernelDrops(w.conn)
+			out[i].Forward.KernelDrops += kernelDrops(w.in)
 			out[i].Reverse.KernelDrops += w.up.kernelDrops()
 		}
 	}

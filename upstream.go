@@ -70,9 +70,9 @@ func (u *sharedUpstream) serve() error {
 }
 
 func (u *sharedUpstream) wake()               { wakeReader(u.conn, u.io, u.block) }
-func (u *sharedUpstream) close()              { u.conn.Close() }
+func (u *sharedUpstream) close()              { u.io.Close() }
 func (u *sharedUpstream) blocking() bool      { return u.block }
-func (u *sharedUpstream) kernelDrops() uint64 { return kernelDrops(u.conn) }
+func (u *sharedUpstream) kernelDrops() uint64 { return kernelDrops(u.io) }
 
 func (u *sharedUpstream) addrs() []netip.AddrPort {
 	return []netip.AddrPort{u.conn.LocalAddr().(*net.UDPAddr).AddrPort()}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cidroute/cidroute/udpio"
@@ -166,7 +167,7 @@ func wakeReader(c *net.UDPConn, in *udpio.Conn, blocking bool) {
 
 // kernelDrops reads the kernel's drop count of socket c (0 where the
 // platform does not report it).
-func kernelDrops(c *net.UDPConn) uint64 {
+func kernelDrops(c syscall.Conn) uint64 {
 	n, _ := udpio.KernelDrops(c)
 	return uint64(n)
 }
@@ -187,7 +188,7 @@ func (w *worker) lockedThreads() int {
 // service socket.
 func (w *worker) close() {
 	w.up.close()
-	w.conn.Close()
+	w.in.Close()
 }
 
 // lengthWarnEvery is how often a service logs that its datagrams carry

@@ -3,10 +3,16 @@
 package udpio
 
 import (
+	"fmt"
 	"net"
+	"os"
 	"runtime"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -134,7 +140,70 @@ func TestShutdownWakesBlockedReader(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("Shutdown did not wake the reader")
 	}
-	require.NoError(t, rc.Close())
+	require.NoError(t, r.Close(), "the Conn owns the socket now")
+}
+
+// TestBlockingLeavesNetpoller: a blocking Conn's socket is in no epoll
+// set of the process (the runtime's would wake a thread for every
+// datagram beside the blocked reader), and its UDPConn is closed.
+func TestBlockingLeavesNetpoller(t *testing.T) {
+	rc := listen(t, "udp4", "127.0.0.1:0", ListenConfig{})
+	r := newConn(t, rc, 4)
+	before := fdOf(t, r)
+	require.Contains(t, polled(t), before, "a UDPConn is in the runtime's epoll set")
+	require.NoError(t, r.SetBlocking())
+	t.Cleanup(func() { r.Close() })
+	after := fdOf(t, r)
+	assert.NotEqual(t, before, after)
+	assert.NotContains(t, polled(t), after, "the blocking socket is polled by no epoll set")
+	assert.NotContains(t, polled(t), before)
+	assert.ErrorIs(t, rc.SetReadDeadline(time.Time{}), net.ErrClosed, "the UDPConn is closed")
+	assert.Equal(t, addrOf(rc).Port(), localPort(t, r), "the Conn holds the same socket")
+}
+
+func fdOf(t *testing.T, c syscall.Conn) int {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, raw.Control(func(fd uintptr) { n = int(fd) }))
+	return n
+}
+
+func localPort(t *testing.T, c syscall.Conn) uint16 {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	require.NoError(t, err)
+	var sa unix.Sockaddr
+	var serr error
+	require.NoError(t, raw.Control(func(fd uintptr) { sa, serr = unix.Getsockname(int(fd)) }))
+	require.NoError(t, serr)
+	return uint16(sa.(*unix.SockaddrInet4).Port)
+}
+
+// polled returns the descriptors that the process's epoll sets watch,
+// from /proc/self/fdinfo.
+func polled(t *testing.T) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	var out []int
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || l != "anon_inode:[eventpoll]" {
+			continue
+		}
+		info, err := os.ReadFile("/proc/self/fdinfo/" + e.Name())
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(info), "\n") {
+			var tfd int
+			if _, err := fmt.Sscanf(line, "tfd: %d", &tfd); err == nil {
+				out = append(out, tfd)
+			}
+		}
+	}
+	return out
 }
 
 // TestKernelDrops: datagrams the kernel drops on a full receive buffer

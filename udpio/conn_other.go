@@ -5,6 +5,7 @@ package udpio
 import (
 	"fmt"
 	"net"
+	"syscall"
 )
 
 // A Conn reads and writes datagrams of a *net.UDPConn with the Message API.
@@ -37,10 +38,17 @@ func (c *Conn) ReadBatch(ms []Message) (int, error) { return c.p.readBatch(ms) }
 func (c *Conn) WriteBatch(ms []Message) (int, error) { return c.p.writeBatch(ms) }
 
 // SetBlocking is not supported on this platform: ReadBatch parks on the
-// netpoller. It returns an error wrapping ErrNotSupported.
+// netpoller. It returns an error wrapping ErrNotSupported and leaves the
+// Conn as it was.
 func (c *Conn) SetBlocking() error { return fmt.Errorf("blocking mode: %w", ErrNotSupported) }
 
 // Shutdown is not supported on this platform (there is no blocking mode
 // to wake); it returns an error wrapping ErrNotSupported. Close the
 // UDPConn, or set a read deadline, to end ReadBatch.
 func (c *Conn) Shutdown() error { return fmt.Errorf("shutdown: %w", ErrNotSupported) }
+
+// SyscallConn gives access to the UDPConn's socket.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.p.c.SyscallConn() }
+
+// Close closes the UDPConn.
+func (c *Conn) Close() error { return c.p.c.Close() }

@@ -143,9 +143,9 @@ func control(rc syscall.RawConn, cfg ListenConfig, reuse bool) error {
 }
 
 // BufferSizes reports the receive and send buffer sizes the kernel granted
-// c. Linux doubles a requested size to account for its bookkeeping and
+// c (a *net.UDPConn, or a Conn). Linux doubles a requested size to account for its bookkeeping and
 // reports the doubled figure; that figure is returned as is.
-func BufferSizes(c *net.UDPConn) (recv, send int, err error) {
+func BufferSizes(c syscall.Conn) (recv, send int, err error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return 0, 0, fmt.Errorf("udpio: %w", err)
@@ -161,12 +161,13 @@ func BufferSizes(c *net.UDPConn) (recv, send int, err error) {
 	return recv, send, nil
 }
 
-// KernelDrops returns the number of datagrams the kernel dropped on c
-// since it was opened because its receive buffer was full (the socket's
-// sk_drops, which SO_RXQ_OVFL would report with every datagram): one
-// getsockopt(SO_MEMINFO) when asked, nothing on the receive path. The
-// kernel keeps the count in 32 bits, so it wraps at 2³².
-func KernelDrops(c *net.UDPConn) (uint32, error) {
+// KernelDrops returns the number of datagrams the kernel dropped on c (a
+// *net.UDPConn, or a Conn) since it was opened because its receive buffer
+// was full (the socket's sk_drops, which SO_RXQ_OVFL would report with
+// every datagram): one getsockopt(SO_MEMINFO) when asked, nothing on the
+// receive path. The kernel keeps the count in 32 bits, so it wraps at
+// 2³².
+func KernelDrops(c syscall.Conn) (uint32, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return 0, fmt.Errorf("udpio: %w", err)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"syscall"
 )
 
 // ListenGroup opens one UDP socket on this platform; groups of more than
@@ -40,7 +41,7 @@ func ListenGroup(network, addr string, n int, cfg ListenConfig) ([]*net.UDPConn,
 }
 
 // BufferSizes returns an error wrapping ErrNotSupported on this platform.
-func BufferSizes(c *net.UDPConn) (recv, send int, err error) {
+func BufferSizes(c syscall.Conn) (recv, send int, err error) {
 	return 0, 0, fmt.Errorf("buffer sizes: %w", ErrNotSupported)
 }
 
@@ -55,6 +56,6 @@ func AttachSteering(group []*net.UDPConn, s Steering) error {
 
 // KernelDrops is not supported on this platform; it returns an error
 // wrapping ErrNotSupported.
-func KernelDrops(c *net.UDPConn) (uint32, error) {
+func KernelDrops(c syscall.Conn) (uint32, error) {
 	return 0, fmt.Errorf("kernel drops: %w", ErrNotSupported)
 }

@@ -18,8 +18,7 @@ import (
 
 // pending are README files whose snippets are not in the compiled form
 // yet, with the reason. Empty it, do not grow it.
-var pending = map[string]string{
-}
+var pending = map[string]string{}
 
 // A snippet is one ```go block of a README: a Go file without its package
 // clause (imports, then declarations), so that what a reader copies is
