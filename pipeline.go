@@ -43,6 +43,22 @@ type Service struct {
 	// Listen (the new process of a restart handover) instead of failing
 	// with udpio.ErrInUse; see udpio.ListenConfig.
 	JoinExisting bool
+	// Conns, when set, are the service's sockets, already bound to Listen
+	// (zero Listen: their address): the ones a previous process handed
+	// over (Pipeline.Sockets, passed as descriptors), or the caller's own.
+	// The Pipeline serves them instead of opening a group, one worker
+	// each, keeping their kernel queues and SO_REUSEPORT group. Workers
+	// beyond len(Conns) get new sockets that join the group; fewer
+	// Workers than Conns is taken as len(Conns), since closing a socket
+	// of the group would lose what it holds. From New on the Pipeline
+	// owns them and closes them when it stops, or when New fails.
+	Conns []*net.UDPConn
+	// UpstreamConns, in PPv2 mode, are the workers' upstream sockets in
+	// worker order (Pipeline.Sockets of the previous process), so that
+	// backends keep replying to the ports they know and replies in flight
+	// reach this Pipeline; a worker without one opens its own. Owned as
+	// Conns are.
+	UpstreamConns []*net.UDPConn
 
 	// MaxSessions bounds each worker's transparent session table
 	// (RouterConfig.Transparent); datagrams of further flows are dropped
@@ -85,13 +101,21 @@ var ErrClosed = errors.New("cidroute: pipeline closed")
 // mode), and keeps the process's own addresses (OwnAddrs) current, so
 // that neither direction ever sends to the proxy itself.
 type Pipeline struct {
-	log      *slog.Logger
+	log *slog.Logger
+	cfg Config // batch size and datagram bound, for AddService
+	own atomic.Pointer[OwnAddrs]
+
+	// mu guards the service list, which AddService grows while Run runs;
+	// the packet path never takes it.
+	mu       sync.Mutex
 	services []*service
-	own      atomic.Pointer[OwnAddrs]
 	bound    []netip.AddrPort // every socket bound to receive: services and upstreams
+	start    func(*service)   // while Run runs: starts a service's loops
+	ended    bool             // Run has stopped, or Close ran first
 
 	stop     chan struct{}
 	stopOnce sync.Once
+	drain    context.Context // set by Drain before stop closes
 	done     chan struct{}
 	runOnce  sync.Once
 	err      error
@@ -118,44 +142,105 @@ func New(cfg Config) (*Pipeline, error) {
 	if cfg.BatchSize < 1 || cfg.BatchSize > 1024 || cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535 {
 		return nil, fmt.Errorf("batch size %d, max datagram %d: %w", cfg.BatchSize, cfg.MaxDatagram, ErrConfig)
 	}
-	p := &Pipeline{log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
+	p := &Pipeline{log: cfg.Logger, cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
 	if p.log == nil {
 		p.log = slog.Default()
 	}
 	svcs := slices.Clone(cfg.Services)
+	fail := func(err error) (*Pipeline, error) {
+		for _, sc := range svcs {
+			closeAll(sc.Conns)
+			closeAll(sc.UpstreamConns)
+		}
+		return nil, err
+	}
 	names := map[string]bool{}
 	for i := range svcs {
 		sc := &svcs[i]
 		if sc.Name == "" || names[sc.Name] {
-			return nil, fmt.Errorf("service name %q empty or repeated: %w", sc.Name, ErrConfig)
+			return fail(fmt.Errorf("service name %q empty or repeated: %w", sc.Name, ErrConfig))
 		}
 		names[sc.Name] = true
 		if err := sc.validate(); err != nil {
-			return nil, fmt.Errorf("service %s: %w", sc.Name, err)
+			return fail(fmt.Errorf("service %s: %w", sc.Name, err))
 		}
 	}
 	if err := sizeSessions(svcs); err != nil {
-		return nil, err
+		return fail(err)
 	}
-	for _, sc := range svcs {
-		s, err := p.openService(sc, cfg)
+	for i, sc := range svcs {
+		s, err := p.openService(sc)
 		if err != nil {
 			p.closeSockets()
-			return nil, fmt.Errorf("service %s: %w", sc.Name, err)
+			svcs = svcs[i+1:] // openService closed sc's own
+			return fail(fmt.Errorf("service %s: %w", sc.Name, err))
 		}
 		p.services = append(p.services, s)
 	}
 	p.refreshOwn()
-	if err := p.checkBackends(); err != nil {
+	if err := p.checkBackends(p.services); err != nil {
 		p.closeSockets()
 		return nil, err
 	}
 	return p, nil
 }
 
-// validate checks sc and fills in its defaults (Workers).
+// AddService opens the sockets of one more service and, while Run runs,
+// starts serving it; the other services' sockets are not touched. A
+// configuration reload adds services this way. It fails as New would for
+// the service alone, and with ErrClosed once the Pipeline has stopped.
+func (p *Pipeline) AddService(sc Service) error {
+	fail := func(err error) error {
+		closeAll(sc.Conns)
+		closeAll(sc.UpstreamConns)
+		return err
+	}
+	if err := sc.validate(); err != nil {
+		return fail(fmt.Errorf("service %s: %w", sc.Name, err))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return fail(ErrClosed)
+	}
+	all := []Service{}
+	for _, s := range p.services {
+		if s.cfg.Name == sc.Name || sc.Name == "" {
+			return fail(fmt.Errorf("service name %q empty or repeated: %w", sc.Name, ErrConfig))
+		}
+		all = append(all, s.cfg)
+	}
+	all = append(all, sc)
+	if err := sizeSessions(all); err != nil {
+		return fail(err)
+	}
+	sc = all[len(all)-1]
+	nbound := len(p.bound)
+	s, err := p.openServiceLocked(sc)
+	if err != nil {
+		return fmt.Errorf("service %s: %w", sc.Name, err)
+	}
+	p.refreshOwnLocked()
+	if err := p.checkBackends(append(slices.Clone(p.services), s)); err != nil {
+		s.close()
+		p.bound = p.bound[:nbound]
+		p.refreshOwnLocked()
+		return err
+	}
+	p.services = append(p.services, s)
+	if p.start != nil {
+		p.start(s)
+	}
+	return nil
+}
+
+// validate checks sc and fills in its defaults (Workers, and Listen
+// from Conns).
 func (sc *Service) validate() error {
 	if err := sc.Limits.validate(); err != nil {
+		return err
+	}
+	if err := sc.checkConns(); err != nil {
 		return err
 	}
 	if sc.Workers == 0 {
@@ -173,6 +258,35 @@ func (sc *Service) validate() error {
 	}
 	if sc.SessionIdle == 0 {
 		sc.SessionIdle = DefaultSessionIdle
+	}
+	return nil
+}
+
+// checkConns checks the given sockets against Listen (filling it in when
+// zero) and sizes Workers to hold them all.
+func (sc *Service) checkConns() error {
+	if len(sc.UpstreamConns) > 0 && (sc.Transparent || len(sc.UpstreamConns) > len(sc.Conns)) {
+		return fmt.Errorf("%d upstream sockets for %d service sockets (transparent %v): %w", len(sc.UpstreamConns), len(sc.Conns), sc.Transparent, ErrConfig)
+	}
+	if len(sc.Conns) == 0 {
+		return nil
+	}
+	for i, c := range sc.Conns {
+		la, ok := c.LocalAddr().(*net.UDPAddr)
+		if !ok || la == nil {
+			return fmt.Errorf("service socket %d is not bound: %w", i, ErrConfig)
+		}
+		a := la.AddrPort()
+		a = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+		if !sc.Listen.IsValid() {
+			sc.Listen = a
+		}
+		if a != sc.Listen {
+			return fmt.Errorf("service socket %d is bound to %v, not the listen address %v: %w", i, a, sc.Listen, ErrConfig)
+		}
+	}
+	if sc.Workers < len(sc.Conns) {
+		sc.Workers = len(sc.Conns)
 	}
 	return nil
 }
@@ -227,12 +341,23 @@ func sizeSessionsFor(svcs []Service, limit uint64, ok bool) error {
 	return nil
 }
 
-func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
+func (p *Pipeline) openService(sc Service) (*service, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.openServiceLocked(sc)
+}
+
+// openServiceLocked opens (or adopts) the service's sockets and builds its
+// workers. On failure every socket of sc, given or opened, is closed.
+func (p *Pipeline) openServiceLocked(sc Service) (*service, error) {
+	ups := sc.UpstreamConns
+	defer func() { closeAll(ups) }() // those no worker took
 	rc := sc.RouterConfig
 	if !rc.PublicAddr.IsValid() {
 		rc.PublicAddr = sc.Listen
 	}
 	if _, err := NewRouter(rc); err != nil {
+		closeAll(sc.Conns)
 		return nil, err
 	}
 	measured := rc.PublicAddr.Addr().IsUnspecified()
@@ -244,7 +369,7 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 	if sc.Listen.Addr().Is6() {
 		network = "udp6"
 	}
-	group, err := udpio.ListenGroup(network, sc.Listen.String(), sc.Workers, lc)
+	group, err := p.listen(network, sc, lc)
 	if err != nil {
 		return nil, configErr(err)
 	}
@@ -260,12 +385,19 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 		closeAll(group)
 		return nil, err
 	}
+	s.cfg.Conns, s.cfg.UpstreamConns = nil, nil // the workers hold them now
+	nbound := len(p.bound)
 	p.bound = append(p.bound, s.cfg.Listen)
-	for _, in := range group {
-		w, err := p.newWorker(s, in, cfg)
+	for i, in := range group {
+		var up *net.UDPConn
+		if i < len(ups) {
+			up, ups[i] = ups[i], nil
+		}
+		w, err := p.newWorker(s, in, up)
 		if err != nil {
-			closeAll(group)
+			closeAll(group[i:])
 			s.close()
+			p.bound = p.bound[:nbound]
 			return nil, configErr(err)
 		}
 		s.workers = append(s.workers, w)
@@ -274,11 +406,44 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 	return s, nil
 }
 
-// newWorker builds the worker of socket in and its upstream.
-func (p *Pipeline) newWorker(s *service, in *net.UDPConn, cfg Config) (*worker, error) {
-	sc := s.cfg
+// listen returns the service's sockets: sc.Conns, with more joining their
+// group up to sc.Workers, or a new group.
+func (p *Pipeline) listen(network string, sc Service, lc udpio.ListenConfig) ([]*net.UDPConn, error) {
+	if len(sc.Conns) == 0 {
+		return udpio.ListenGroup(network, sc.Listen.String(), sc.Workers, lc)
+	}
+	group := slices.Clone(sc.Conns)
+	fail := func(err error) ([]*net.UDPConn, error) {
+		closeAll(group)
+		return nil, err
+	}
+	if lc.PacketInfo {
+		for _, c := range group {
+			if err := udpio.EnablePacketInfo(c); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	if n := sc.Workers - len(group); n > 0 {
+		lc.JoinExisting = true // the group of the given sockets
+		more, err := udpio.ListenGroup(network, sc.Listen.String(), n, lc)
+		if err != nil {
+			return fail(err)
+		}
+		group = append(group, more...)
+	}
+	return group, nil
+}
+
+// newWorker builds the worker of socket in and its upstream, on socket up
+// when given (PPv2 mode).
+func (p *Pipeline) newWorker(s *service, in, up *net.UDPConn) (*worker, error) {
+	sc, cfg := s.cfg, p.cfg
 	w, err := newWorker(in, s.router, &p.own, NewAdmission(sc.Limits, sc.Workers), cfg.BatchSize, cfg.MaxDatagram)
 	if err != nil {
+		if up != nil {
+			up.Close()
+		}
 		return nil, err
 	}
 	rp := &replies{router: s.router, own: &p.own, out: w.in}
@@ -287,8 +452,15 @@ func (p *Pipeline) newWorker(s *service, in *net.UDPConn, cfg Config) (*worker, 
 		w.up = newSessionTable(rp, sc.MaxSessions, sc.SessionIdle, cfg.MaxDatagram)
 		return w, nil
 	}
-	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
-	if w.up, err = newSharedUpstream(rp, lc, cfg.BatchSize, cfg.MaxDatagram); err != nil {
+	if up == nil {
+		lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
+		ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
+		if err != nil {
+			return nil, fmt.Errorf("upstream socket: %w", err)
+		}
+		up = ups[0]
+	}
+	if w.up, err = newSharedUpstream(rp, up, cfg.BatchSize, cfg.MaxDatagram); err != nil {
 		return nil, fmt.Errorf("upstream socket: %w", err)
 	}
 	return w, nil
@@ -304,13 +476,21 @@ func configErr(err error) error {
 
 func closeAll(cs []*net.UDPConn) {
 	for _, c := range cs {
-		c.Close()
+		if c != nil {
+			c.Close()
+		}
 	}
 }
 
 // refreshOwn publishes the process's own addresses: every bound socket,
 // and the host's current addresses for the wildcard-bound ones.
 func (p *Pipeline) refreshOwn() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refreshOwnLocked()
+}
+
+func (p *Pipeline) refreshOwnLocked() {
 	host, err := LocalAddrs()
 	if err != nil {
 		p.log.Warn("listing the host's addresses", "err", err)
@@ -325,11 +505,11 @@ func (p *Pipeline) refreshOwn() {
 // addresses or a service's public address: the forward rule would drop
 // all its datagrams (OwnAddress), and the configuration can only be
 // wrong.
-func (p *Pipeline) checkBackends() error {
+func (p *Pipeline) checkBackends(svcs []*service) error {
 	own := p.own.Load()
-	for _, s := range p.services {
+	for _, s := range svcs {
 		for _, b := range s.router.backends.Snapshot().Backends() {
-			for _, t := range p.services {
+			for _, t := range svcs {
 				if b.Addr == t.router.public {
 					return fmt.Errorf("service %s: backend %d at %v is the public address of service %s: %w", s.cfg.Name, b.Ordinal, b.Addr, t.cfg.Name, ErrConfig)
 				}
@@ -343,6 +523,8 @@ func (p *Pipeline) checkBackends() error {
 }
 
 func (p *Pipeline) service(name string) *service {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for _, s := range p.services {
 		if s.cfg.Name == name {
 			return s
@@ -389,8 +571,50 @@ func (p *Pipeline) Router(service string) (r *Router, ok bool) {
 // address of the host, which it tracks while it runs.
 func (p *Pipeline) OwnAddrs() *OwnAddrs { return p.own.Load() }
 
+// Sockets returns the named service's sockets, for handing them to a
+// successor process (their File methods duplicate the descriptors; see
+// Service.Conns): the service sockets in worker order and, in PPv2 mode,
+// each worker's upstream socket. They stay the Pipeline's. ok is false
+// when there is no such service.
+func (p *Pipeline) Sockets(service string) (listen, upstream []*net.UDPConn, ok bool) {
+	s := p.service(service)
+	if s == nil {
+		return nil, nil, false
+	}
+	for _, w := range s.workers {
+		listen = append(listen, w.conn)
+		if u, ok := w.up.(*sharedUpstream); ok {
+			upstream = append(upstream, u.conn)
+		}
+	}
+	return listen, upstream, true
+}
+
+// SetLimits replaces the named service's admission limits while it runs.
+// Each worker picks its new buckets, which start full, at its next batch;
+// the datagrams pay nothing for it.
+func (p *Pipeline) SetLimits(service string, l Limits) error {
+	if err := l.validate(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.services {
+		if s.cfg.Name == service {
+			s.cfg.Limits = l
+			for _, w := range s.workers {
+				w.adm.Store(NewAdmission(l, len(s.workers)))
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("service %q: no such service: %w", service, ErrConfig)
+}
+
 // Stats returns every service's counters, summed over its workers.
 func (p *Pipeline) Stats() []ServiceStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	out := make([]ServiceStats, len(p.services))
 	for i, s := range p.services {
 		out[i].Name = s.cfg.Name
@@ -431,7 +655,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	for _, s := range p.services {
+	start := func(s *service) {
 		for _, w := range s.workers {
 			run(w.forwardLoop)
 			run(w.up.serve)
@@ -439,6 +663,12 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		p.log.Info("service started", "service", s.cfg.Name, "protocol", s.cfg.Protocol,
 			"listen", s.cfg.Listen, "workers", len(s.workers), "cid_len", s.router.codec.Len())
 	}
+	p.mu.Lock()
+	for _, s := range p.services {
+		start(s)
+	}
+	p.start = start
+	p.mu.Unlock()
 	watchStop := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {
@@ -452,9 +682,17 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	case err = <-errc:
 		p.log.Error("pipeline stopped by a socket error", "err", err)
 	}
+	p.mu.Lock()
+	p.start, p.ended = nil, true
+	svcs := slices.Clone(p.services)
+	drain := p.drain
+	p.mu.Unlock()
+	if drain != nil && err == nil {
+		p.drainOut(svcs, drain)
+	}
 	// Wake every reader without closing its socket: in-flight batches are
 	// still sent, then the loops return and the sockets close.
-	for _, s := range p.services {
+	for _, s := range svcs {
 		for _, w := range s.workers {
 			w.wake()
 		}
@@ -474,6 +712,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 func (p *Pipeline) Close() error {
 	p.stopOnce.Do(func() { close(p.stop) })
 	p.runOnce.Do(func() { // Run never started, and now never will
+		p.mu.Lock()
+		p.ended = true
+		p.mu.Unlock()
 		p.closeSockets()
 		close(p.done)
 	})
@@ -481,8 +722,44 @@ func (p *Pipeline) Close() error {
 	return p.err
 }
 
+// Drain is the stop of a process whose successor has taken over its
+// sockets (a restart handover, Service.Conns): the pipeline stops reading
+// client datagrams and the PPv2 upstream sockets, which the successor now
+// reads, and sends what it had read; transparent sessions, whose sockets
+// only this process holds, go on relaying their backends' replies until
+// ctx is done. Then it stops as Close does, and returns what Run
+// returned. Without transparent services Drain does not wait for ctx.
+func (p *Pipeline) Drain(ctx context.Context) error {
+	p.stopOnce.Do(func() {
+		p.drain = ctx
+		close(p.stop)
+	})
+	return p.Close()
+}
+
+// drainOut ends the forward loops and the shared upstreams' loops and
+// waits for ctx while transparent sessions relay.
+func (p *Pipeline) drainOut(svcs []*service, ctx context.Context) {
+	transparent := false
+	for _, s := range svcs {
+		transparent = transparent || s.cfg.Transparent
+		for _, w := range s.workers {
+			w.conn.SetReadDeadline(time.Unix(1, 0))
+			if !s.cfg.Transparent {
+				w.up.wake()
+			}
+		}
+	}
+	if transparent {
+		<-ctx.Done()
+	}
+}
+
 func (p *Pipeline) closeSockets() {
-	for _, s := range p.services {
+	p.mu.Lock()
+	svcs := slices.Clone(p.services)
+	p.mu.Unlock()
+	for _, s := range svcs {
 		s.close()
 	}
 }

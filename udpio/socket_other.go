@@ -52,3 +52,9 @@ func AttachSteering(group []*net.UDPConn, s Steering) error {
 	}
 	return fmt.Errorf("reuseport steering: %w", ErrNotSupported)
 }
+
+// EnablePacketInfo returns an error wrapping ErrNotSupported on this
+// platform.
+func EnablePacketInfo(c *net.UDPConn) error {
+	return fmt.Errorf("packet info: %w", ErrNotSupported)
+}
