@@ -113,6 +113,7 @@ type Pipeline struct {
 	start    func(*service)   // while Run runs: starts a service's loops
 	ended    bool             // Run has stopped, or Close ran first
 
+	serving  chan struct{} // closed once Run's loops are all running
 	stop     chan struct{}
 	stopOnce sync.Once
 	drain    context.Context // set by Drain before stop closes
@@ -142,7 +143,7 @@ func New(cfg Config) (*Pipeline, error) {
 	if cfg.BatchSize < 1 || cfg.BatchSize > 1024 || cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535 {
 		return nil, fmt.Errorf("batch size %d, max datagram %d: %w", cfg.BatchSize, cfg.MaxDatagram, ErrConfig)
 	}
-	p := &Pipeline{log: cfg.Logger, cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+	p := &Pipeline{log: cfg.Logger, cfg: cfg, serving: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	if p.log == nil {
 		p.log = slog.Default()
 	}
@@ -417,9 +418,9 @@ func (p *Pipeline) listen(network string, sc Service, lc udpio.ListenConfig) ([]
 		closeAll(group)
 		return nil, err
 	}
-	if lc.PacketInfo {
+	if lc.PacketInfo || lc.RecvBuffer > 0 || lc.SendBuffer > 0 {
 		for _, c := range group {
-			if err := udpio.EnablePacketInfo(c); err != nil {
+			if err := udpio.Configure(c, lc); err != nil {
 				return fail(err)
 			}
 		}
@@ -642,11 +643,21 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 	defer close(p.done)
 	errc := make(chan error, 1)
-	var wg sync.WaitGroup
+	var wg, started sync.WaitGroup
+	initial := true // under mu: the loops Serving waits for
 	run := func(loop func() error) {
 		wg.Add(1)
+		st := &started
+		if initial {
+			st.Add(1)
+		} else {
+			st = nil
+		}
 		go func() {
 			defer wg.Done()
+			if st != nil {
+				st.Done()
+			}
 			if err := loop(); err != nil {
 				select {
 				case errc <- err:
@@ -668,7 +679,12 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		start(s)
 	}
 	p.start = start
+	initial = false
 	p.mu.Unlock()
+	go func() {
+		started.Wait()
+		close(p.serving)
+	}()
 	watchStop := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {
@@ -705,6 +721,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.log.Info("pipeline stopped")
 	return err
 }
+
+// Serving is closed once Run runs every worker's goroutines, about to
+// read: a successor in a restart handover waits for it before it tells
+// its predecessor to stop reading the sockets they share.
+func (p *Pipeline) Serving() <-chan struct{} { return p.serving }
 
 // Close stops a running pipeline and waits until Run has returned, or
 // closes the sockets of one that never ran. It is idempotent and returns
