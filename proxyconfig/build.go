@@ -175,6 +175,8 @@ func (r *Registries) build(seed uint64, sc Service, o Options, log *slog.Logger)
 		},
 		Limits:       sc.Limits,
 		Workers:      sc.Workers,
+		RecvBuffer:   sc.RecvBuffer,
+		SendBuffer:   sc.SendBuffer,
 		MaxSessions:  sc.MaxSessions,
 		SessionIdle:  sc.SessionIdle,
 		JoinExisting: o.Join,

@@ -47,6 +47,8 @@ type fileService struct {
 	MaxSessions    int              `json:"max_sessions"` // transparent mode only
 	SessionIdle    string           `json:"session_idle"` // transparent mode only
 	Workers        int              `json:"workers"`
+	RecvBuffer     int              `json:"recv_buffer"`
+	SendBuffer     int              `json:"send_buffer"`
 	MaxRegistryAge string           `json:"max_registry_age"`
 	Backends       json.RawMessage  `json:"backends"` // registry.DecodeBackends format
 	BackendsFile   string           `json:"backends_file"`
@@ -94,8 +96,12 @@ type Service struct {
 	Transparent bool
 	MaxSessions int
 	SessionIdle time.Duration
-	Workers     int           // 0 = one per CPU (GOMAXPROCS)
-	MaxAge      time.Duration // max_registry_age; 0 = never stale
+	Workers     int // 0 = one per CPU (GOMAXPROCS)
+	// RecvBuffer and SendBuffer (recv_buffer, send_buffer) are the
+	// service sockets' SO_RCVBUF and SO_SNDBUF in bytes; 0 keeps the
+	// kernel's default.
+	RecvBuffer, SendBuffer int
+	MaxAge                 time.Duration // max_registry_age; 0 = never stale
 	// At most one of Backends (a static list, validated), BackendsFile
 	// (an absolute path, or relative to the working directory) and
 	// Kubernetes (the Service whose EndpointSlices are the backends,
@@ -114,6 +120,10 @@ type Service struct {
 }
 
 const maxWorkers = 256 // cidroute.Pipeline's limit
+
+// maxSocketBuffer bounds recv_buffer and send_buffer (1 GiB): the kernel
+// caps what it grants anyway, this catches a unit mistaken for another.
+const maxSocketBuffer = 1 << 30
 
 // Lower bounds of the duration keys, checked by -check as by a start.
 const (
@@ -272,6 +282,10 @@ func parseService(raw json.RawMessage) (Service, error) {
 		return fail("workers %d: want 0 (one per CPU) to %d", fs.Workers, maxWorkers)
 	}
 	s.Workers = fs.Workers
+	if fs.RecvBuffer < 0 || fs.SendBuffer < 0 || fs.RecvBuffer > maxSocketBuffer || fs.SendBuffer > maxSocketBuffer {
+		return fail("recv_buffer %d, send_buffer %d: want 0 (the kernel's default) to %d bytes", fs.RecvBuffer, fs.SendBuffer, maxSocketBuffer)
+	}
+	s.RecvBuffer, s.SendBuffer = fs.RecvBuffer, fs.SendBuffer
 	if s.MaxAge, err = parseDuration("max_registry_age", fs.MaxRegistryAge, minRegistryAge, true); err != nil {
 		return s, err
 	}

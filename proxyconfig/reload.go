@@ -142,6 +142,8 @@ func socketKeys(a, b Service) []string {
 	add(a.MaxSessions != b.MaxSessions, "max_sessions")
 	add(a.SessionIdle != b.SessionIdle, "session_idle")
 	add(a.Workers != b.Workers, "workers")
+	add(a.RecvBuffer != b.RecvBuffer, "recv_buffer")
+	add(a.SendBuffer != b.SendBuffer, "send_buffer")
 	add(a.MaxAge != b.MaxAge, "max_registry_age")
 	add(a.Unroutable != b.Unroutable, "unroutable")
 	return keys
