@@ -75,7 +75,7 @@ func (p *proxy) readiness() []string {
 	if p.stopping.Load() {
 		why = append(why, "stopping")
 	}
-	for _, name := range p.names {
+	for _, name := range p.serviceNames() {
 		reg, _ := p.regs.Registry(name)
 		st := reg.Stats()
 		switch {
@@ -145,7 +145,7 @@ func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.p.pipe.Stats() {
 		ch <- prometheus.MustNewConstMetric(descSessionsMax, prometheus.GaugeValue, float64(s.MaxSessions), s.Name)
 	}
-	for _, name := range c.p.names {
+	for _, name := range c.p.serviceNames() {
 		checker, ok := c.p.regs.Checker(name)
 		if !ok {
 			continue

@@ -43,6 +43,9 @@ var (
 	descSessions = prometheus.NewDesc("cidroute_sessions",
 		"Transparent-mode sessions (one upstream socket per flow: client address and backend); always 0 with PROXY protocol.",
 		[]string{"service"}, nil)
+	descReloads = prometheus.NewDesc("cidroute_config_reloads_total",
+		"SIGHUP reloads of the configuration file, by result: applied (all of it), partial (keys that need a restart handover refused, or a change that failed; the rest applied), invalid (the file was refused; nothing changed).",
+		[]string{"result"}, nil)
 	descVersion = prometheus.NewDesc("cidroute_registry_snapshot_version",
 		"Version of the current registry snapshot; it grows by one with each accepted update.",
 		[]string{"service"}, nil)
@@ -54,12 +57,15 @@ var (
 // counts something.
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descBackends, descAge, descStale, descRejected, descVersion, descSessions} {
+	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descBackends, descAge, descStale, descRejected, descVersion, descSessions, descReloads} {
 		ch <- d
 	}
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
+	for r, name := range reloadResults {
+		ch <- prometheus.MustNewConstMetric(descReloads, prometheus.CounterValue, float64(c.p.reloads[r].Load()), name)
+	}
 	for _, s := range c.p.stats() {
 		if s.path == "socket" {
 			ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(s.Sessions), s.Name)
@@ -78,7 +84,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	for _, name := range c.p.names {
+	for _, name := range c.p.serviceNames() {
 		reg, _ := c.p.regs.Registry(name)
 		st := reg.Stats()
 		for _, b := range backendStates(st) {
@@ -118,16 +124,22 @@ func metricsHandler(p *proxy) http.Handler {
 // serves until stop is called.
 type metricsServer struct {
 	srv  *http.Server
+	ln   net.Listener // handed to a successor (handover.go)
 	done chan struct{}
 }
 
-func startMetrics(addr string, h http.Handler, log *slog.Logger) (*metricsServer, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
+// startMetrics serves on ln when given (inherited in a restart handover),
+// else on a new listener on addr.
+func startMetrics(addr string, ln net.Listener, h http.Handler, log *slog.Logger) (*metricsServer, error) {
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			return nil, err
+		}
 	}
 	m := &metricsServer{
 		srv:  &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)},
+		ln:   ln,
 		done: make(chan struct{}),
 	}
 	log.Info("metrics listening", "addr", ln.Addr().String(), "paths", "/metrics /readyz /livez /debug/pprof/")
