@@ -164,4 +164,3 @@ func (p *proxy) close() {
 	}
 	p.regs.Close()
 }
-
