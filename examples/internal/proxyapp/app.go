@@ -41,6 +41,7 @@ type Options struct {
 	configPath string         // what SIGHUP reloads ("" : only the backend and key files)
 	level      *slog.LevelVar // the logger's level, which a reload sets
 	inherit    *inherited     // the sockets a predecessor handed over (handover.go)
+	hup        chan os.Signal // tests: SIGHUP without a signal
 }
 
 var errNoKubernetes = errors.New(`"kubernetes" backends need the Kubernetes build of cidproxy (examples/kubernetes/cidproxy)`)
@@ -173,9 +174,12 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 			return err
 		}
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+	hup := opts.hup
+	if hup == nil {
+		hup = make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	runErr := make(chan error, 1)
