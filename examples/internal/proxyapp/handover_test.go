@@ -257,7 +257,9 @@ func TestReloadInProcess(t *testing.T) {
 	const n = 8000
 	s := stream(t, e.svc, n, 2000) // four seconds
 	reloads := func(result string) float64 { return e.scrape(t)[`cidroute_config_reloads_total{result="`+result+`"}`] }
-	state := func(st string) float64 { return e.scrape(t)[`cidroute_registry_backends{service="svc",state="`+st+`"}`] }
+	state := func(st string) float64 {
+		return e.scrape(t)[`cidroute_registry_backends{service="svc",state="`+st+`"}`]
+	}
 	sighup := func(top, extra, result string, want float64) {
 		t.Helper()
 		e.writeTop(t, top, extra)
