@@ -1,0 +1,294 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute/internal/testecho"
+	"github.com/cidroute/cidroute/internal/testtool"
+)
+
+// The restart handover (issue 16 §3) end to end: cidproxy replaced on a
+// host under examples/loadgen at 50,000 datagrams/s, by the same build (a
+// restart) and by another one (an upgrade: the builds differ in their
+// -ldflags -X version), each with one command, the running one's command
+// line. Nothing is lost: the backends receive what loadgen sent, loadgen
+// gets every echo, and each process's counters balance and add up, across
+// processes, to what was sent.
+//
+//	go test -run TestHandover -v ./examples/e2e/
+
+const versionVar = "github.com/cidroute/cidroute/examples/internal/proxyapp.Version"
+
+// proxyBuilds builds cidproxy as two versions and loadgen into dir.
+type proxyBuilds struct{ v1, v2, loadgen string }
+
+func buildProxies(t *testing.T) proxyBuilds {
+	t.Helper()
+	dir := t.TempDir()
+	b := proxyBuilds{filepath.Join(dir, "cidproxy-v1"), filepath.Join(dir, "cidproxy-v2"), filepath.Join(dir, "loadgen")}
+	for _, c := range [][]string{
+		{"-o", b.v1, "-ldflags", "-X " + versionVar + "=e2e-v1", "../cidproxy"},
+		{"-o", b.v2, "-ldflags", "-X " + versionVar + "=e2e-v2", "../cidproxy"},
+		{"-o", b.loadgen, "../loadgen"},
+	} {
+		if out, err := exec.Command("go", append([]string{"build"}, c...)...).CombinedOutput(); err != nil {
+			t.Fatalf("go build %v: %v\n%s", c, err, out)
+		}
+	}
+	return b
+}
+
+// A cidproxyProc is one cidproxy process.
+type cidproxyProc struct {
+	name    string
+	cmd     *exec.Cmd
+	logs    testtool.SyncBuffer
+	exited  chan error
+	metrics string
+}
+
+func startCidproxy(t *testing.T, name, bin, metrics string, args ...string) *cidproxyProc {
+	t.Helper()
+	p := &cidproxyProc{name: name, cmd: exec.Command(bin, args...), exited: make(chan error, 1), metrics: metrics}
+	p.cmd.Stderr = &p.logs
+	require.NoError(t, p.cmd.Start())
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			p.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-p.exited:
+			case <-time.After(5 * time.Second):
+				p.cmd.Process.Kill()
+				<-p.exited
+			}
+		}
+		if t.Failed() {
+			t.Logf("%s log:\n%s", p.name, p.logs.String())
+		}
+	})
+	return p
+}
+
+func (p *cidproxyProc) waitLog(t *testing.T, what string, within time.Duration) {
+	t.Helper()
+	waitUntil(t, within, p.name+": "+what, func() bool {
+		select {
+		case err := <-p.exited:
+			p.exited <- err
+			t.Fatalf("%s exited (%v) before %q:\n%s", p.name, err, what, p.logs.String())
+		default:
+		}
+		return strings.Contains(p.logs.String(), what)
+	})
+}
+
+// waitExit waits for the process to exit on its own and returns its
+// error (nil for status 0).
+func (p *cidproxyProc) waitExit(t *testing.T, within time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+		return err
+	case <-time.After(within):
+		t.Fatalf("%s did not exit within %v", p.name, within)
+		return nil
+	}
+}
+
+// stop sends SIGTERM and waits for a clean exit within 2 s.
+func (p *cidproxyProc) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, p.waitExit(t, 2*time.Second), "%s exit status", p.name)
+}
+
+func (p *cidproxyProc) scrape(t *testing.T) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.metrics + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	m, err := testtool.ParseMetrics(resp.Body)
+	require.NoError(t, err)
+	return m
+}
+
+// procCounters are a process's final counters of one service and
+// direction, from its "final counters" log line.
+type procCounters struct {
+	Received, Forwarded, Dropped uint64
+	Drops                        string
+}
+
+var finalCountersLine = regexp.MustCompile(`msg="final counters" service=(\S+) direction=(\S+) received=(\d+) forwarded=(\d+) dropped=(\d+) balanced=(\S+) drops=(\S*)`)
+
+// finals returns the process's final counters by "service direction",
+// each required to balance. The process must have exited.
+func (p *cidproxyProc) finals(t *testing.T) map[string]procCounters {
+	t.Helper()
+	out := map[string]procCounters{}
+	for _, m := range finalCountersLine.FindAllStringSubmatch(p.logs.String(), -1) {
+		var c procCounters
+		c.Received, _ = strconv.ParseUint(m[3], 10, 64)
+		c.Forwarded, _ = strconv.ParseUint(m[4], 10, 64)
+		c.Dropped, _ = strconv.ParseUint(m[5], 10, 64)
+		c.Drops = strings.Trim(m[7], `"`)
+		require.Equal(t, "true", m[6], "%s: %s", p.name, m[0])
+		require.Equal(t, c.Received, c.Forwarded+c.Dropped, "%s: %s", p.name, m[0])
+		out[m[1]+" "+m[2]] = c
+	}
+	require.NotEmpty(t, out, "%s logged no final counters:\n%s", p.name, p.logs.String())
+	return out
+}
+
+// loadgenResult is the part of loadgen's -json output the tests read.
+type loadgenResult struct {
+	Sent, Received, Lost, SendErrors, Foreign uint64
+	OfferedPPS                                float64 `json:"offered_pps"`
+}
+
+func (r *loadgenResult) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		Sent       uint64  `json:"sent"`
+		Received   uint64  `json:"received"`
+		Lost       uint64  `json:"lost"`
+		SendErrors uint64  `json:"send_errors"`
+		Foreign    uint64  `json:"foreign"`
+		OfferedPPS float64 `json:"offered_pps"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	*r = loadgenResult{raw.Sent, raw.Received, raw.Lost, raw.SendErrors, raw.Foreign, raw.OfferedPPS}
+	return nil
+}
+
+// startLoadgen runs loadgen against target with args (beyond the
+// defaults here); the result arrives on the channel when it ends.
+func startLoadgen(t *testing.T, bin, target string, args ...string) <-chan loadgenResult {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"-target", target, "-json", "-warmup", "0", "-rcvbuf", "8388608"}, args...)...)
+	var stderr testtool.SyncBuffer
+	cmd.Stderr = &stderr
+	out := make(chan loadgenResult, 1)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	go func() {
+		var r loadgenResult
+		err := json.NewDecoder(stdout).Decode(&r)
+		if werr := cmd.Wait(); err == nil {
+			err = werr
+		}
+		if err != nil {
+			t.Errorf("loadgen: %v\n%s", err, stderr.String())
+		}
+		out <- r
+	}()
+	return out
+}
+
+func TestHandover(t *testing.T) {
+	bins := buildProxies(t)
+	for _, tc := range []struct {
+		name, next, version string
+	}{
+		{"restart", bins.v1, "e2e-v1"},
+		{"upgrade", bins.v2, "e2e-v2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { handoverUnderLoad(t, bins, tc.next, tc.version) })
+	}
+}
+
+// handoverLoad is loadgen's rate and duration: 50,000 datagrams/s for
+// 3 s, the handover after 1 s.
+const (
+	handoverRate = 50000
+	handoverRun  = 3 * time.Second
+)
+
+func handoverUnderLoad(t *testing.T, bins proxyBuilds, next, nextVersion string) {
+	var backs []*testecho.Echo
+	var list []string
+	for i := range 3 {
+		b := testecho.Start(t, testecho.Config{PPv2: true, Buffer: 8 << 20, Batch: 32})
+		backs = append(backs, b)
+		list = append(list, fmt.Sprintf(`{"ordinal": %d, "address": "%v"}`, i, b.Addr()))
+	}
+	dir := t.TempDir()
+	svc, metrics := freeService(t), fmt.Sprintf("127.0.0.1:%d", testtool.FreePort(t, "tcp"))
+	conf := filepath.Join(dir, "cidproxy.json")
+	sock := filepath.Join(dir, "handover.sock")
+	writeFileAtomic(t, conf, fmt.Sprintf(`{"hrw_seed": 42, "metrics_listen": %q, "services": [{"name": "svc", "protocol": "dtls",
+		"listen": "%v", "workers": 2, "recv_buffer": 8388608, "send_buffer": 8388608, "backends": [%s]}]}`, metrics, svc, strings.Join(list, ", ")))
+	args := []string{"-handover", sock, "-config", conf} // the one command, for every process
+	old := startCidproxy(t, "old", bins.v1, metrics, args...)
+	old.waitLog(t, "handover socket listening", 10*time.Second)
+	old.waitLog(t, "service started", 10*time.Second)
+
+	res := startLoadgen(t, bins.loadgen, svc.String(), "-rate", strconv.Itoa(handoverRate), "-duration", handoverRun.String(),
+		"-drain", "2s", "-clients", "64", "-sockets", "2", "-ordinals", "0-2")
+	time.Sleep(handoverRun / 3)
+	nw := startCidproxy(t, "new", next, metrics, args...)
+	require.NoError(t, old.waitExit(t, 15*time.Second), "the old process exits 0 after the handover")
+	nw.waitLog(t, "handover socket listening", 10*time.Second)
+	r := <-res
+
+	var received uint64
+	for _, b := range backs {
+		received += b.Received()
+	}
+	ports := map[uint16]bool{svc.Port(): true}
+	kernel := soakSockDrops(ports)
+	t.Logf("loadgen: offered %.0f/s, sent %d, echoed %d, lost %d, send errors %d; backends received %d; kernel drops at the service port %d",
+		r.OfferedPPS, r.Sent, r.Received, r.Lost, r.SendErrors, received, kernel)
+	require.NotZero(t, r.Sent)
+	assert.Zero(t, r.Lost, "datagrams lost in the round trip")
+	assert.Zero(t, r.SendErrors)
+	assert.Equal(t, r.Sent, received, "the backends received what loadgen sent")
+	assert.Equal(t, r.Sent, r.Received, "loadgen got every echo")
+
+	// Every datagram counted once, by one of the two processes.
+	of := old.finals(t)
+	m := nw.scrape(t)
+	nf := m[`cidroute_datagrams_received_total{direction="forward",path="socket",service="svc"}`]
+	nr := m[`cidroute_datagrams_received_total{direction="reverse",path="socket",service="svc"}`]
+	nw.stop(t)
+	nfin := nw.finals(t)
+	t.Logf("old (e2e-v1): forward %+v, reverse %+v", of["svc forward"], of["svc reverse"])
+	t.Logf("new (%s): forward %+v, reverse %+v", nextVersion, nfin["svc forward"], nfin["svc reverse"])
+	assert.Equal(t, float64(nfin["svc forward"].Received), nf, "the scrape before SIGTERM saw everything")
+	assert.Equal(t, float64(nfin["svc reverse"].Received), nr)
+	assert.NotZero(t, of["svc forward"].Received, "the old process served before the handover")
+	assert.NotZero(t, nfin["svc forward"].Received, "the new one after")
+	assert.Equal(t, r.Sent, of["svc forward"].Received+nfin["svc forward"].Received)
+	assert.Equal(t, r.Sent, of["svc forward"].Forwarded+nfin["svc forward"].Forwarded)
+	assert.Equal(t, r.Sent, of["svc reverse"].Forwarded+nfin["svc reverse"].Forwarded)
+	assert.Contains(t, old.logs.String(), "successor_version="+nextVersion)
+	assert.Contains(t, nw.logs.String(), `msg="cidproxy starting" version=`+nextVersion)
+	assert.Contains(t, nw.logs.String(), "from_version=e2e-v1")
+}
+
+func writeFileAtomic(t *testing.T, path, body string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	require.NoError(t, os.WriteFile(tmp, []byte(body), 0o600))
+	require.NoError(t, os.Rename(tmp, path))
+}
