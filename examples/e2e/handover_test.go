@@ -292,3 +292,113 @@ func writeFileAtomic(t *testing.T, path, body string) {
 	require.NoError(t, os.WriteFile(tmp, []byte(body), 0o600))
 	require.NoError(t, os.Rename(tmp, path))
 }
+
+// TestReloadUnderLoad: SIGHUP applies each kind of change to a running
+// cidproxy while loadgen sends 50,000 datagrams/s, then a change that
+// needs new sockets is refused by name and applied by a handover; a bad
+// file changes nothing. Every reload is counted by result, and nothing is
+// lost.
+//
+//	go test -run TestReloadUnderLoad -v ./examples/e2e/
+func TestReloadUnderLoad(t *testing.T) {
+	bins := buildProxies(t)
+	var backs []*testecho.Echo
+	var list []string
+	for i := range 3 {
+		b := testecho.Start(t, testecho.Config{PPv2: true, Buffer: 8 << 20, Batch: 32})
+		backs = append(backs, b)
+		list = append(list, fmt.Sprintf(`{"ordinal": %d, "address": "%v"%%s}`, i, b.Addr()))
+	}
+	spare := testecho.Start(t, testecho.Config{PPv2: true}) // the added service's
+	dir := t.TempDir()
+	svc, two := freeService(t), freeService(t)
+	metrics := fmt.Sprintf("127.0.0.1:%d", testtool.FreePort(t, "tcp"))
+	conf, sock := filepath.Join(dir, "cidproxy.json"), filepath.Join(dir, "handover.sock")
+	// write writes the config: top-level keys, the svc backend list's
+	// extras (one per backend), svc's extra keys, and more services.
+	nworkers := 2
+	write := func(top string, backendExtra [3]string, extra, more string) {
+		bs := make([]string, 3)
+		for i := range bs {
+			bs[i] = fmt.Sprintf(list[i], backendExtra[i])
+		}
+		writeFileAtomic(t, conf, fmt.Sprintf(`{%s"hrw_seed": 42, "metrics_listen": %q, "services": [{"name": "svc", "protocol": "dtls",
+			"listen": "%v", "workers": %d, "recv_buffer": 8388608, "send_buffer": 8388608, "backends": [%s]%s}%s]}`,
+			top, metrics, svc, nworkers, strings.Join(bs, ", "), extra, more))
+	}
+	none := [3]string{}
+	write("", none, "", "")
+	args := []string{"-handover", sock, "-config", conf}
+	p := startCidproxy(t, "cidproxy", bins.v1, metrics, args...)
+	p.waitLog(t, "service started", 10*time.Second)
+
+	res := startLoadgen(t, bins.loadgen, svc.String(), "-rate", strconv.Itoa(handoverRate), "-duration", "4s",
+		"-drain", "2s", "-clients", "64", "-sockets", "2", "-ordinals", "0-2")
+	time.Sleep(300 * time.Millisecond)
+	reloads := map[string]float64{}
+	hup := func(what, result string) {
+		t.Helper()
+		require.NoError(t, p.cmd.Process.Signal(syscall.SIGHUP))
+		reloads[result]++
+		want := reloads[result]
+		waitUntil(t, 5*time.Second, what, func() bool {
+			return p.scrape(t)[`cidroute_config_reloads_total{result="`+result+`"}`] == want
+		})
+		t.Logf("reload %s: %s", what, result)
+		time.Sleep(150 * time.Millisecond) // under load between reloads
+	}
+	gauge := func(series string) float64 { return p.scrape(t)[series] }
+
+	drain := [3]string{"", `, "weight": 3`, `, "state": "draining"`}
+	write("", drain, "", "")
+	hup("weights and states", "applied")
+	require.Equal(t, float64(1), gauge(`cidroute_registry_backends{service="svc",state="draining"}`))
+	limits := `, "limits": {"per_source_pps": 1000000, "handshake_pps": 100}`
+	write("", drain, limits, "")
+	hup("limits", "applied")
+	health := limits + `, "health_check": {"interval": "200ms", "timeout": "100ms"}`
+	write("", drain, health, "")
+	hup("health_check", "applied")
+	waitUntil(t, 5*time.Second, "probes", func() bool {
+		_, ok := p.scrape(t)[`cidroute_backend_probe_up{ordinal="0",service="svc"}`]
+		return ok
+	})
+	write(`"log_level": "debug", `, drain, health, "")
+	hup("log_level", "applied")
+	more := fmt.Sprintf(`, {"name": "two", "protocol": "dtls", "listen": "%v", "backends": [{"ordinal": 0, "address": "%v"}]}`, two, spare.Addr())
+	write(`"log_level": "debug", `, drain, health, more)
+	hup("a new service", "applied")
+	require.True(t, echoes(t, two, cidRecord(t, 0, 1)), "the new service answers")
+	nworkers = 3
+	write(`"log_level": "debug", `, drain, health, more)
+	hup("workers (needs sockets)", "partial")
+	p.waitLog(t, `key="services[\"svc\"].workers"`, time.Second)
+	version := gauge(`cidroute_registry_snapshot_version{service="svc"}`)
+	writeFileAtomic(t, conf, `{"services": [{"name": "svc", "protocol": "dtls"`)
+	hup("a bad file", "invalid")
+	p.waitLog(t, "reload refused: the configuration is invalid", time.Second)
+	assert.Equal(t, version, gauge(`cidroute_registry_snapshot_version{service="svc"}`), "a bad file changes nothing")
+
+	// The refused change through a handover: the new process has 3
+	// workers, two of them on the inherited sockets.
+	write(`"log_level": "debug", `, drain, health, more)
+	nw := startCidproxy(t, "successor", bins.v1, metrics, args...)
+	require.NoError(t, p.waitExit(t, 15*time.Second))
+	nw.waitLog(t, `service started" service=svc protocol=dtls listen=`+svc.String()+` workers=3`, 10*time.Second)
+	r := <-res
+
+	var received uint64
+	for _, b := range backs {
+		received += b.Received() - b.Bad() // the probes are not echoed (PROXY LOCAL)
+	}
+	t.Logf("loadgen: offered %.0f/s, sent %d, echoed %d, lost %d; backends received %d; kernel drops at the service port %d",
+		r.OfferedPPS, r.Sent, r.Received, r.Lost, received, soakSockDrops(map[uint16]bool{svc.Port(): true}))
+	assert.Zero(t, r.Lost)
+	assert.Equal(t, r.Sent, received)
+	assert.Equal(t, r.Sent, r.Received)
+	assert.Zero(t, gauge(`cidroute_datagrams_total{direction="forward",outcome="dropped",path="socket",reason="rate_limited",service="svc"}`))
+	nw.stop(t)
+	pf, nf := p.finals(t), nw.finals(t)
+	assert.Equal(t, r.Sent, pf["svc forward"].Received+nf["svc forward"].Received, "each datagram counted once")
+	assert.Contains(t, p.logs.String(), "level=DEBUG", "log_level debug applied") // none before the reload
+}

@@ -43,6 +43,7 @@ func (p *proxy) reload(ctx context.Context) {
 		p.log.Error("reload refused: the configuration is invalid; nothing changed", "config", path, "err", err)
 		return
 	}
+	p.log.Debug("reload: the file", "config", next.Summary())
 	d := p.cur.Diff(next)
 	result := reloadApplied
 	for _, r := range d.Refused {
