@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"reflect"
 	"slices"
+	"time"
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/registry"
@@ -158,9 +159,9 @@ func sameSource(a, b Service) bool {
 
 // Apply applies the Backends and Health changes of d's existing services,
 // taking their new definitions from d.Effective: a changed backend list or
-// source is replaced by a new source on the same registry (the registry
-// routes on the previous backends until the new source publishes: at once
-// for a static list), and a changed health_check by a new checker,
+// source is replaced by a new source on the same registry (a static list
+// is published before Apply returns; with another source the registry
+// routes on the previous backends until it publishes), and a changed health_check by a new checker,
 // which starts from the current down marks (no health_check: the marks
 // are cleared). The services' sockets and routing are not touched. Added
 // services are AddService's; limits are the Pipeline's (SetLimits). A
@@ -199,9 +200,17 @@ func (r *Registries) apply(sc Service, sd ServiceDelta, o Options, log *slog.Log
 		return fmt.Errorf("no such service")
 	}
 	if sd.Backends {
-		src, file, _, err := newSource(sc, o, log)
+		src, file, static, err := newSource(sc, o, log)
 		if err != nil {
 			return err
+		}
+		if static {
+			// Published before Apply returns, so that the reload is done
+			// when it says so; the source then only confirms.
+			if err := s.updater.Update(sc.Backends); err != nil {
+				return err
+			}
+			src = publishedStatic(sc.Backends)
 		}
 		r.mu.Lock()
 		stop, done := s.srcStop, s.srcDone
@@ -232,6 +241,36 @@ func (r *Registries) apply(sc Service, sd ServiceDelta, o Options, log *slog.Log
 		log.Info("health checks replaced", "health_check", c != nil)
 	}
 	return nil
+}
+
+// publishedStatic is a static list that Apply has published already: it
+// confirms it as registry.Static does, without publishing it again.
+type publishedStatic []registry.Backend
+
+func (s publishedStatic) Run(ctx context.Context, u registry.Updater) error {
+	return registry.Static(s).Run(ctx, &skipFirstUpdate{Updater: u})
+}
+
+// skipFirstUpdate drops the first Update; MaxAge is forwarded, for
+// registry.Static's pace.
+type skipFirstUpdate struct {
+	registry.Updater
+	skipped bool
+}
+
+func (u *skipFirstUpdate) Update(bs []registry.Backend) error {
+	if !u.skipped {
+		u.skipped = true
+		return nil
+	}
+	return u.Updater.Update(bs)
+}
+
+func (u *skipFirstUpdate) MaxAge() time.Duration {
+	if m, ok := u.Updater.(interface{ MaxAge() time.Duration }); ok {
+		return m.MaxAge()
+	}
+	return 0
 }
 
 // clearDown lifts every down mark of reg: without a checker nothing would.

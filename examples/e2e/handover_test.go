@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,20 +37,46 @@ const versionVar = "github.com/cidroute/cidroute/examples/internal/proxyapp.Vers
 // proxyBuilds builds cidproxy as two versions and loadgen into dir.
 type proxyBuilds struct{ v1, v2, loadgen string }
 
+// The builds are shared by the tests of one run (TestMain removes them).
+var (
+	buildsOnce sync.Once
+	builds     proxyBuilds
+	buildsDir  string
+	buildsErr  error
+)
+
 func buildProxies(t *testing.T) proxyBuilds {
 	t.Helper()
-	dir := t.TempDir()
-	b := proxyBuilds{filepath.Join(dir, "cidproxy-v1"), filepath.Join(dir, "cidproxy-v2"), filepath.Join(dir, "loadgen")}
-	for _, c := range [][]string{
-		{"-o", b.v1, "-ldflags", "-X " + versionVar + "=e2e-v1", "../cidproxy"},
-		{"-o", b.v2, "-ldflags", "-X " + versionVar + "=e2e-v2", "../cidproxy"},
-		{"-o", b.loadgen, "../loadgen"},
-	} {
-		if out, err := exec.Command("go", append([]string{"build"}, c...)...).CombinedOutput(); err != nil {
-			t.Fatalf("go build %v: %v\n%s", c, err, out)
+	buildsOnce.Do(func() {
+		if buildsDir, buildsErr = os.MkdirTemp("", "cidroute-e2e-builds-"); buildsErr != nil {
+			return
 		}
+		dir := buildsDir
+		b := proxyBuilds{filepath.Join(dir, "cidproxy-v1"), filepath.Join(dir, "cidproxy-v2"), filepath.Join(dir, "loadgen")}
+		for _, c := range [][]string{
+			{"-o", b.v1, "-ldflags", "-X " + versionVar + "=e2e-v1", "../cidproxy"},
+			{"-o", b.v2, "-ldflags", "-X " + versionVar + "=e2e-v2", "../cidproxy"},
+			{"-o", b.loadgen, "../loadgen"},
+		} {
+			if out, err := exec.Command("go", append([]string{"build"}, c...)...).CombinedOutput(); err != nil {
+				buildsErr = fmt.Errorf("go build %v: %v\n%s", c, err, out)
+				return
+			}
+		}
+		builds = b
+	})
+	if buildsErr != nil {
+		t.Fatal(buildsErr)
 	}
-	return b
+	return builds
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildsDir != "" {
+		os.RemoveAll(buildsDir)
+	}
+	os.Exit(code)
 }
 
 // A cidproxyProc is one cidproxy process.
