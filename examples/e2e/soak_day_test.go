@@ -48,9 +48,9 @@ import (
 	"github.com/cidroute/cidroute/examples/internal/dtlsecho"
 	"github.com/cidroute/cidroute/examples/internal/quicecho"
 	"github.com/cidroute/cidroute/examples/internal/rebind"
+	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
-	"github.com/cidroute/cidroute/internal/testtool"
 )
 
 // dayScale sizes the day: clients, how long each step runs, the pause
