@@ -909,7 +909,6 @@ func TestSoakDayInTheLife(t *testing.T) {
 	for i, r := range rows {
 		switch i {
 		case 1: // the killed replica's datagrams in flight are resent
-			assert.LessOrEqual(t, r.DTLS.Resent, int64(sc.DTLS)+r.DTLS.Moves, "step 1: resent records")
 			assert.Zero(t, r.DTLS.Unanswered+r.QUIC.Unanswered, "step 1: unanswered messages")
 			assert.Zero(t, r.DTLS.FailedSessions+r.QUIC.FailedSessions, "step 1: failed sessions")
 		case 2: // a cut session's message in flight goes unanswered
@@ -918,12 +917,20 @@ func TestSoakDayInTheLife(t *testing.T) {
 		default:
 			assert.Zero(t, r.DTLS.Unanswered+r.QUIC.Unanswered, "%s: unanswered messages", r.Step)
 			assert.Zero(t, r.DTLS.FailedSessions+r.QUIC.FailedSessions, "%s: failed sessions", r.Step)
-			// pion's rebinding race (soakSock): at most one echo per new port.
-			assert.LessOrEqual(t, r.DTLS.Resent, r.DTLS.Moves, "%s: resent records", r.Step)
 		}
 	}
+	// Resent records are echoes later than 400 ms, or lost: reported, not
+	// bounded per step. What never came back is bounded over the day: the
+	// records in flight at the kill (one per client), one per cut
+	// session, and pion's rebinding race (one per rebinding).
 	lost := cl.lostDatagrams() + late.lostDatagrams()
-	t.Logf("pion records never echoed over the day, after the clients drained: %d", lost)
+	var moves int64
+	for _, r := range rows {
+		moves += r.DTLS.Moves
+	}
+	bound := int64(sc.DTLS) + rows[2].DTLS.FailedSessions + moves
+	t.Logf("pion records never echoed over the day, after the clients drained: %d (bound %d)", lost, bound)
+	assert.LessOrEqual(t, lost, bound)
 	tbl := dayTable(sc, rows, time.Since(begin), lost)
 	t.Log("\n" + tbl)
 	if *soakFor > 0 {
@@ -948,6 +955,6 @@ func dayTable(sc dayScale, rows []dayRow, total time.Duration, lost int64) strin
 			fmt.Fprintf(&b, "\n- %s: %s", r.Step, r.Notes)
 		}
 	}
-	fmt.Fprintf(&b, "\n- pion records never echoed over the whole day, once the clients drained: %d\n", lost)
+	fmt.Fprintf(&b, "\n- pion records never echoed over the whole day, once the clients drained: %d (bound: one per client in flight at the kill, one per cut session, one per rebinding)\n", lost)
 	return b.String()
 }
