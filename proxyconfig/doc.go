@@ -47,4 +47,16 @@
 // backends down in the service's registry (Registries.Checker gives its
 // Stats). The meaning and bounds of
 // every key are in examples/cidproxy/README.md; Parse enforces them.
+//
+// # Reloads
+//
+// A running program re-reads its file and compares it with what runs:
+// Config.Diff says which services' backends (lists or sources), limits
+// and health checks changed, which services are new, and which keys need
+// new sockets or routing rules (Refused, named as the file names them; a
+// service with one keeps its whole configuration). Registries.Apply
+// replaces the changed sources and checkers on the same registries,
+// Registries.AddService builds a new service for
+// cidroute.Pipeline.AddService, and Pipeline.SetLimits takes the limits;
+// Delta.Effective is the configuration that then runs.
 package proxyconfig

@@ -300,8 +300,9 @@ func (d *dayCluster) close() {
 }
 
 // identity checks a replica's current process: a scrape where every
-// service and direction balances, summarized.
-func (d *dayCluster) identity(r *dayReplica) string {
+// service and direction balances. It returns the sums over services and
+// directions (received, forwarded) and the detail.
+func (d *dayCluster) identity(r *dayReplica) (rx, fw float64, detail string) {
 	t := d.t
 	p := r.cur()
 	var m map[string]float64
@@ -313,9 +314,10 @@ func (d *dayCluster) identity(r *dayReplica) string {
 	var parts []string
 	for _, svc := range []string{"dtls", "quic"} {
 		for _, dir := range []string{"forward", "reverse"} {
-			rx := m[fmt.Sprintf(`cidroute_datagrams_received_total{direction="%s",path="socket",service="%s"}`, dir, svc)]
-			fw := m[fmt.Sprintf(`cidroute_datagrams_total{direction="%s",outcome="forwarded",path="socket",reason="",service="%s"}`, dir, svc)]
-			part := fmt.Sprintf("%s %s %.0f = %.0f + %.0f", svc, dir[:3], rx, fw, rx-fw)
+			sr := m[fmt.Sprintf(`cidroute_datagrams_received_total{direction="%s",path="socket",service="%s"}`, dir, svc)]
+			sf := m[fmt.Sprintf(`cidroute_datagrams_total{direction="%s",outcome="forwarded",path="socket",reason="",service="%s"}`, dir, svc)]
+			rx, fw = rx+sr, fw+sf
+			part := fmt.Sprintf("%s %s %.0f = %.0f + %.0f", svc, dir[:3], sr, sf, sr-sf)
 			var why []string
 			for k, v := range m {
 				if v > 0 && strings.HasPrefix(k, "cidroute_datagrams_total{") && strings.Contains(k, `outcome="dropped"`) &&
@@ -332,20 +334,17 @@ func (d *dayCluster) identity(r *dayReplica) string {
 			parts = append(parts, part)
 		}
 	}
-	return fmt.Sprintf("%s (%s): %s", r.name, r.version, strings.Join(parts, ", "))
+	return rx, fw, fmt.Sprintf("%s (%s): %s", r.name, r.version, strings.Join(parts, ", "))
 }
 
-// finalIdentity is identity for a process that has exited.
+// finalIdentity is identity for a process that has exited, from its
+// final counters (each balanced: finals checks), summed.
 func finalIdentity(t *testing.T, name string, p *cidproxyProc) string {
-	f := p.finals(t)
-	var parts []string
-	for _, svc := range []string{"dtls", "quic"} {
-		for _, dir := range []string{"forward", "reverse"} {
-			c := f[svc+" "+dir]
-			parts = append(parts, fmt.Sprintf("%s %s %d = %d + %d", svc, dir[:3], c.Received, c.Forwarded, c.Dropped))
-		}
+	var rx, fw, dr uint64
+	for _, c := range p.finals(t) {
+		rx, fw, dr = rx+c.Received, fw+c.Forwarded, dr+c.Dropped
 	}
-	return fmt.Sprintf("%s (exited): %s", name, strings.Join(parts, ", "))
+	return fmt.Sprintf("%s %d = %d + %d", name, rx, fw, dr)
 }
 
 // dayCounters are what the clients saw, summed. Resent: pion records
@@ -746,7 +745,8 @@ type dayRow struct {
 	Elapsed    time.Duration
 	DTLS, QUIC dayCounters
 	Bound      string
-	Identity   []string
+	Identity   []string // compact, for the table
+	Detail     []string // per service and direction, for the log
 	Notes      string
 }
 
@@ -781,9 +781,11 @@ func TestSoakDayInTheLife(t *testing.T) {
 		}
 		row.DTLS, row.QUIC, row.Elapsed = b1.sub(b0), q1.sub(q0), time.Since(start)
 		for _, r := range d.liveReplicas() {
-			row.Identity = append(row.Identity, d.identity(r))
+			rx, fw, detail := d.identity(r)
+			row.Identity = append(row.Identity, fmt.Sprintf("%s %.0f = %.0f + %.0f", r.name, rx, fw, rx-fw))
+			row.Detail = append(row.Detail, detail)
 		}
-		t.Logf("%s: dtls %+v, quic %+v; %s", name, row.DTLS, row.QUIC, strings.Join(row.Identity, "; "))
+		t.Logf("%s: dtls %+v, quic %+v; %s", name, row.DTLS, row.QUIC, strings.Join(row.Detail, "; "))
 		d.mu.Lock()
 		if len(d.failures) > 0 {
 			t.Logf("%s: session failures:\n%s", name, strings.Join(d.failures, "\n"))
@@ -855,7 +857,7 @@ func TestSoakDayInTheLife(t *testing.T) {
 			require.NoError(t, old.waitExit(t, 15*time.Second), "%s exits 0 after the handover", old.name)
 			ids = append(ids, finalIdentity(t, old.name, old))
 		}
-		row.Notes = "each replica handed over to the e2e-v2 build; the old processes' final counters: " + strings.Join(ids, "; ")
+		row.Notes = "each replica handed over to the e2e-v2 build, one after the other; the e2e-v1 processes' final counters: " + strings.Join(ids, "; ")
 	})
 
 	var late *dayClients
@@ -942,13 +944,13 @@ func dayTable(sc dayScale, rows []dayRow, total time.Duration, lost int64) strin
 	var b strings.Builder
 	fmt.Fprintf(&b, "day in the life: %d pion and %d quic-go clients (a new port every %d messages, a new path every %d), %v between messages, steps of %v plus the change, drain deadline %v, %.0f s in all\n\n",
 		sc.DTLS, sc.QUIC, sc.RebindEvery, sc.MigrateEvery, sc.Pause, sc.Step, sc.Drain, total.Seconds())
-	b.WriteString("| step | time | messages DTLS / QUIC | unanswered DTLS / QUIC | resent DTLS records | bound | failed sessions | re-handshakes | rebinds / migrations | each replica: received = forwarded + dropped |\n")
+	b.WriteString("| step | time | messages DTLS / QUIC | unanswered DTLS / QUIC | resent DTLS records | bound | failed sessions | re-handshakes | rebinds / migrations | each replica's process now: received = forwarded + dropped (both services and directions) |\n")
 	b.WriteString("|---|--:|--:|--:|--:|---|--:|--:|--:|---|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %.1f s | %d / %d | %d / %d | %d | %s | %d | %d | %d / %d | %s |\n",
 			r.Step, r.Elapsed.Seconds(), r.DTLS.Messages, r.QUIC.Messages, r.DTLS.Unanswered, r.QUIC.Unanswered, r.DTLS.Resent, r.Bound,
 			r.DTLS.FailedSessions+r.QUIC.FailedSessions, r.DTLS.Rehandshakes+r.QUIC.Rehandshakes,
-			r.DTLS.Moves, r.QUIC.Moves, strings.Join(r.Identity, "<br>"))
+			r.DTLS.Moves, r.QUIC.Moves, strings.Join(r.Identity, "; "))
 	}
 	for _, r := range rows {
 		if r.Notes != "" {
