@@ -116,7 +116,7 @@ type Pipeline struct {
 	serving  chan struct{} // closed once Run's loops are all running
 	stop     chan struct{}
 	stopOnce sync.Once
-	drain    context.Context // set by Drain before stop closes
+	drain    context.Context // set by Drain (under mu) before stop closes
 	done     chan struct{}
 	runOnce  sync.Once
 	err      error
@@ -752,7 +752,9 @@ func (p *Pipeline) Close() error {
 // returned. Without transparent services Drain does not wait for ctx.
 func (p *Pipeline) Drain(ctx context.Context) error {
 	p.stopOnce.Do(func() {
+		p.mu.Lock()
 		p.drain = ctx
+		p.mu.Unlock()
 		close(p.stop)
 	})
 	return p.Close()

@@ -137,6 +137,12 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 		opts.level.Set(cfg.LogLevel)
 	}
 	log.Info("cidproxy starting", "version", Version, "config", cfg.Summary())
+	hup := opts.hup
+	if hup == nil { // before anything slow: an early SIGHUP must not kill the process
+		hup = make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
 	if opts.handover != "" {
 		inh, err := takeOver(ctx, opts.handover, log)
 		if err != nil {
@@ -173,12 +179,6 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 			p.close()
 			return err
 		}
-	}
-	hup := opts.hup
-	if hup == nil {
-		hup = make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
 	}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
