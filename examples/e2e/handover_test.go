@@ -426,6 +426,8 @@ func TestReloadUnderLoad(t *testing.T) {
 	assert.Zero(t, gauge(`cidroute_datagrams_total{direction="forward",outcome="dropped",path="socket",reason="rate_limited",service="svc"}`))
 	nw.stop(t)
 	pf, nf := p.finals(t), nw.finals(t)
+	t.Logf("first process: forward %+v, reverse %+v; successor (3 workers): forward %+v, reverse %+v",
+		pf["svc forward"], pf["svc reverse"], nf["svc forward"], nf["svc reverse"])
 	assert.Equal(t, r.Sent, pf["svc forward"].Received+nf["svc forward"].Received, "each datagram counted once")
 	assert.Contains(t, p.logs.String(), "level=DEBUG", "log_level debug applied") // none before the reload
 }
