@@ -106,6 +106,7 @@ type dayCluster struct {
 	live     []*dayReplica // the balancer's view
 	draining map[uint8]bool
 	failures []string // why sessions failed, for the log
+	gate     *dayGate
 }
 
 // failed notes why a client's session failed.
@@ -118,7 +119,7 @@ func (d *dayCluster) failed(format string, args ...any) {
 }
 
 func newDay(t *testing.T, sc dayScale, bins proxyBuilds) *dayCluster {
-	d := &dayCluster{t: t, sc: sc, bins: bins, dir: t.TempDir(),
+	d := &dayCluster{t: t, sc: sc, bins: bins, dir: t.TempDir(), gate: newGate(),
 		dtlsSrv: map[uint8]*dtlsecho.Server{}, quicSrv: map[uint8]*quicecho.Server{}, draining: map[uint8]bool{}}
 	for ord := range uint8(3) {
 		d.startBackends(ord)
@@ -351,17 +352,19 @@ func finalIdentity(t *testing.T, name string, p *cidproxyProc) string {
 // sent again after 400 ms without their echo (a datagram lost either
 // way); Unanswered: messages that never got their echo (pion: the ask
 // gave up; quic-go: not even after a new connection).
+// Lost: pion records (or their echoes) that never came back, read with
+// the clients parked.
 type dayCounters struct {
-	Messages, Resent, Unanswered, FailedSessions, Rehandshakes, Moves int64
+	Messages, Resent, Unanswered, Lost, FailedSessions, Rehandshakes, Moves int64
 }
 
 func (a dayCounters) sub(b dayCounters) dayCounters {
-	return dayCounters{a.Messages - b.Messages, a.Resent - b.Resent, a.Unanswered - b.Unanswered,
+	return dayCounters{a.Messages - b.Messages, a.Resent - b.Resent, a.Unanswered - b.Unanswered, a.Lost - b.Lost,
 		a.FailedSessions - b.FailedSessions, a.Rehandshakes - b.Rehandshakes, a.Moves - b.Moves}
 }
 
 func add(a, b dayCounters) dayCounters {
-	return dayCounters{a.Messages + b.Messages, a.Resent + b.Resent, a.Unanswered + b.Unanswered,
+	return dayCounters{a.Messages + b.Messages, a.Resent + b.Resent, a.Unanswered + b.Unanswered, a.Lost + b.Lost,
 		a.FailedSessions + b.FailedSessions, a.Rehandshakes + b.Rehandshakes, a.Moves + b.Moves}
 }
 
@@ -392,6 +395,77 @@ type dayQUIC struct {
 	messages, lost                                      atomic.Int64
 	failedSessions, rehandshakes, migrations, migFailed atomic.Int64
 	onDraining                                          atomic.Int64
+}
+
+// A dayGate parks every client between two steps, so that the step's
+// figures are read with nothing in flight: a parked pion client has
+// collected the echoes it was owed (or waited soakDrainWait for them).
+type dayGate struct {
+	mu              sync.Mutex
+	cond            *sync.Cond
+	running, parked int
+	paused          bool
+	resume          chan struct{}
+}
+
+func newGate() *dayGate {
+	g := &dayGate{}
+	g.cond = sync.NewCond(&g.mu)
+	return g
+}
+
+func (g *dayGate) enter() {
+	g.mu.Lock()
+	g.running++
+	g.mu.Unlock()
+}
+
+func (g *dayGate) exit() {
+	g.mu.Lock()
+	g.running--
+	g.cond.Broadcast()
+	g.mu.Unlock()
+}
+
+// park is a client's check between two exchanges: while paused, it
+// drains and waits for resume (or stop).
+func (g *dayGate) park(drain func(), stop <-chan struct{}) {
+	g.mu.Lock()
+	if !g.paused {
+		g.mu.Unlock()
+		return
+	}
+	ch := g.resume
+	g.mu.Unlock()
+	drain()
+	g.mu.Lock()
+	g.parked++
+	g.cond.Broadcast()
+	g.mu.Unlock()
+	select {
+	case <-ch:
+	case <-stop:
+	}
+	g.mu.Lock()
+	g.parked--
+	g.mu.Unlock()
+}
+
+// pause returns once every running client has parked.
+func (g *dayGate) pause() {
+	g.mu.Lock()
+	g.paused, g.resume = true, make(chan struct{})
+	for g.parked < g.running {
+		g.cond.Wait()
+	}
+	g.mu.Unlock()
+}
+
+func (g *dayGate) resumeAll() {
+	g.mu.Lock()
+	g.paused = false
+	close(g.resume)
+	g.mu.Unlock()
 }
 
 // dayClients drives both populations until stop.
@@ -566,11 +640,20 @@ func (d *dayCluster) startClients(ctx context.Context, first, n, m int) *dayClie
 		cl.quic[i], err = d.newQUIC(ctx, first+i)
 		return err
 	}))
+	g := d.gate
 	for _, c := range cl.dtls {
-		cl.wg.Go(func() { c.run(ctx, cl.stop) })
+		g.enter()
+		cl.wg.Go(func() {
+			defer g.exit()
+			c.run(ctx, cl.stop)
+		})
 	}
 	for _, q := range cl.quic {
-		cl.wg.Go(func() { q.run(ctx, cl.stop) })
+		g.enter()
+		cl.wg.Go(func() {
+			defer g.exit()
+			q.run(ctx, cl.stop)
+		})
 	}
 	return cl
 }
@@ -589,6 +672,7 @@ func (c *dayDTLS) run(ctx context.Context, stop <-chan struct{}) {
 			return
 		case <-time.After(sc.Pause):
 		}
+		c.d.gate.park(func() { c.client().drain() }, stop)
 		cur := c.client()
 		if k%sc.RebindEvery == 0 {
 			if cur.sock.Rebind(cur.sock.Target()) == nil {
@@ -628,6 +712,7 @@ func (q *dayQUIC) run(ctx context.Context, stop <-chan struct{}) {
 			return
 		case <-time.After(sc.Pause):
 		}
+		q.d.gate.park(func() {}, stop) // nothing owed between two exchanges
 		if k%sc.MigrateEvery == 0 {
 			if err := q.migrate(ctx); err != nil {
 				q.migFailed.Add(1)
@@ -715,6 +800,7 @@ func (cl *dayClients) counters() (dtlsC, quicC dayCounters) {
 		dtlsC.Messages += t.Asks
 		dtlsC.Resent += t.Retries
 		dtlsC.Unanswered += t.Failed
+		dtlsC.Lost += t.Lost()
 		dtlsC.Moves += t.Rebinds
 		dtlsC.FailedSessions += c.failedSessions.Load()
 		dtlsC.Rehandshakes += c.rehandshakes.Load()
@@ -763,23 +849,22 @@ func TestSoakDayInTheLife(t *testing.T) {
 	clients = append(clients, cl)
 	// step runs one step: its action under traffic, then a phase of
 	// traffic; the row holds the clients' deltas and the identities.
+	var b0, q0 dayCounters // at the last pause
 	step := func(name, bound string, act func(row *dayRow)) {
 		t.Helper()
 		start := time.Now()
-		var b0, q0 dayCounters
-		for _, c := range clients {
-			bd, bq := c.counters()
-			b0, q0 = add(b0, bd), add(q0, bq)
-		}
 		row := dayRow{Step: name, Bound: bound}
 		act(&row)
 		soakSleep(t, sc.Step)
+		d.gate.pause()
+		defer d.gate.resumeAll()
 		var b1, q1 dayCounters
 		for _, c := range clients {
 			bd, bq := c.counters()
 			b1, q1 = add(b1, bd), add(q1, bq)
 		}
 		row.DTLS, row.QUIC, row.Elapsed = b1.sub(b0), q1.sub(q0), time.Since(start)
+		b0, q0 = b1, q1
 		for _, r := range d.liveReplicas() {
 			rx, fw, detail := d.identity(r)
 			row.Identity = append(row.Identity, fmt.Sprintf("%s %.0f = %.0f + %.0f", r.name, rx, fw, rx-fw))
@@ -794,9 +879,9 @@ func TestSoakDayInTheLife(t *testing.T) {
 		d.mu.Unlock()
 		rows = append(rows, row)
 	}
-	step("0. steady traffic", "0 (resent: ≤ 1 per rebinding, pion)", func(*dayRow) {})
+	step("0. steady traffic", "0 (pion: ≤ 1 record per rebinding)", func(*dayRow) {})
 
-	step("1. replica killed and restarted", "0 messages; the datagrams in flight at the kill are resent", func(row *dayRow) {
+	step("1. replica killed and restarted", "0 messages; the records in flight at the kill", func(row *dayRow) {
 		a := d.replicas[0]
 		require.NoError(t, a.cur().cmd.Process.Signal(syscall.SIGKILL))
 		a.cur().waitExit(t, 5*time.Second)
@@ -908,31 +993,27 @@ func TestSoakDayInTheLife(t *testing.T) {
 		r.cur().stop(t)
 		finalIdentity(t, r.cur().name, r.cur())
 	}
+	// The bounds. pion/dtls v3.1.15 can write the echo of the first
+	// record after a rebinding to the old address (soakClient's resent):
+	// at most one record per rebinding, in every step.
 	for i, r := range rows {
 		switch i {
-		case 1: // the killed replica's datagrams in flight are resent
+		case 1: // the records in flight to the killed replica
 			assert.Zero(t, r.DTLS.Unanswered+r.QUIC.Unanswered, "step 1: unanswered messages")
 			assert.Zero(t, r.DTLS.FailedSessions+r.QUIC.FailedSessions, "step 1: failed sessions")
+			assert.LessOrEqual(t, r.DTLS.Lost, int64(sc.DTLS)+r.DTLS.Moves, "step 1: lost records")
 		case 2: // a cut session's message in flight goes unanswered
 			assert.LessOrEqual(t, r.DTLS.Unanswered, r.DTLS.FailedSessions, "step 2: unanswered beyond the cut sessions")
 			assert.Zero(t, r.QUIC.Unanswered, "step 2: QUIC messages unanswered after a new connection")
+			assert.LessOrEqual(t, r.DTLS.Lost, r.DTLS.FailedSessions+r.DTLS.Moves, "step 2: lost records")
 		default:
 			assert.Zero(t, r.DTLS.Unanswered+r.QUIC.Unanswered, "%s: unanswered messages", r.Step)
 			assert.Zero(t, r.DTLS.FailedSessions+r.QUIC.FailedSessions, "%s: failed sessions", r.Step)
+			assert.LessOrEqual(t, r.DTLS.Lost, r.DTLS.Moves, "%s: lost records", r.Step)
 		}
 	}
-	// Resent records are echoes later than 400 ms, or lost: reported, not
-	// bounded per step. What never came back is bounded over the day: the
-	// records in flight at the kill (one per client), one per cut
-	// session, and pion's rebinding race (one per rebinding).
 	lost := cl.lostDatagrams() + late.lostDatagrams()
-	var moves int64
-	for _, r := range rows {
-		moves += r.DTLS.Moves
-	}
-	bound := int64(sc.DTLS) + rows[2].DTLS.FailedSessions + moves
-	t.Logf("pion records never echoed over the day, after the clients drained: %d (bound %d)", lost, bound)
-	assert.LessOrEqual(t, lost, bound)
+	t.Logf("pion records never echoed over the day: %d", lost)
 	tbl := dayTable(sc, rows, time.Since(begin), lost)
 	t.Log("\n" + tbl)
 	if *soakFor > 0 {
@@ -944,11 +1025,11 @@ func dayTable(sc dayScale, rows []dayRow, total time.Duration, lost int64) strin
 	var b strings.Builder
 	fmt.Fprintf(&b, "day in the life: %d pion and %d quic-go clients (a new port every %d messages, a new path every %d), %v between messages, steps of %v plus the change, drain deadline %v, %.0f s in all\n\n",
 		sc.DTLS, sc.QUIC, sc.RebindEvery, sc.MigrateEvery, sc.Pause, sc.Step, sc.Drain, total.Seconds())
-	b.WriteString("| step | time | messages DTLS / QUIC | unanswered DTLS / QUIC | resent DTLS records | bound | failed sessions | re-handshakes | rebinds / migrations | each replica's process now: received = forwarded + dropped (both services and directions) |\n")
+	b.WriteString("| step | time | messages DTLS / QUIC | unanswered DTLS / QUIC | DTLS records resent / lost | bound | failed sessions | re-handshakes | rebinds / migrations | each replica's process: received = forwarded + dropped (both services and directions) |\n")
 	b.WriteString("|---|--:|--:|--:|--:|---|--:|--:|--:|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %.1f s | %d / %d | %d / %d | %d | %s | %d | %d | %d / %d | %s |\n",
-			r.Step, r.Elapsed.Seconds(), r.DTLS.Messages, r.QUIC.Messages, r.DTLS.Unanswered, r.QUIC.Unanswered, r.DTLS.Resent, r.Bound,
+		fmt.Fprintf(&b, "| %s | %.1f s | %d / %d | %d / %d | %d / %d | %s | %d | %d | %d / %d | %s |\n",
+			r.Step, r.Elapsed.Seconds(), r.DTLS.Messages, r.QUIC.Messages, r.DTLS.Unanswered, r.QUIC.Unanswered, r.DTLS.Resent, r.DTLS.Lost, r.Bound,
 			r.DTLS.FailedSessions+r.QUIC.FailedSessions, r.DTLS.Rehandshakes+r.QUIC.Rehandshakes,
 			r.DTLS.Moves, r.QUIC.Moves, strings.Join(r.Identity, "; "))
 	}
@@ -957,6 +1038,6 @@ func dayTable(sc dayScale, rows []dayRow, total time.Duration, lost int64) strin
 			fmt.Fprintf(&b, "\n- %s: %s", r.Step, r.Notes)
 		}
 	}
-	fmt.Fprintf(&b, "\n- pion records never echoed over the whole day, once the clients drained: %d (bound: one per client in flight at the kill, one per cut session, one per rebinding)\n", lost)
+	fmt.Fprintf(&b, "\n- pion records never echoed over the whole day: %d\n", lost)
 	return b.String()
 }
