@@ -283,6 +283,18 @@ func (d *dayCluster) setLive(r *dayReplica, alive bool) {
 	}
 }
 
+// kernelDrops is what the kernel dropped, for want of buffer space, at
+// every replica slot's service sockets (they outlive a handover).
+func (d *dayCluster) kernelDrops() uint64 {
+	d.mu.Lock()
+	ports := map[uint16]bool{}
+	for _, r := range d.replicas {
+		ports[r.dtls.Port()], ports[r.quic.Port()] = true, true
+	}
+	d.mu.Unlock()
+	return soakSockDrops(ports)
+}
+
 func (d *dayCluster) liveReplicas() []*dayReplica {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -831,6 +843,7 @@ type dayRow struct {
 	Elapsed    time.Duration
 	DTLS, QUIC dayCounters
 	Bound      string
+	Kernel     uint64   // datagrams the kernel dropped at the replicas' service sockets in the step
 	Identity   []string // compact, for the table
 	Detail     []string // per service and direction, for the log
 	Notes      string
@@ -850,6 +863,7 @@ func TestSoakDayInTheLife(t *testing.T) {
 	// step runs one step: its action under traffic, then a phase of
 	// traffic; the row holds the clients' deltas and the identities.
 	var b0, q0 dayCounters // at the last pause
+	var k0 uint64
 	step := func(name, bound string, act func(row *dayRow)) {
 		t.Helper()
 		start := time.Now()
@@ -864,7 +878,9 @@ func TestSoakDayInTheLife(t *testing.T) {
 			b1, q1 = add(b1, bd), add(q1, bq)
 		}
 		row.DTLS, row.QUIC, row.Elapsed = b1.sub(b0), q1.sub(q0), time.Since(start)
-		b0, q0 = b1, q1
+		k1 := d.kernelDrops()
+		row.Kernel = k1 - k0
+		b0, q0, k0 = b1, q1, k1
 		for _, r := range d.liveReplicas() {
 			rx, fw, detail := d.identity(r)
 			row.Identity = append(row.Identity, fmt.Sprintf("%s %.0f = %.0f + %.0f", r.name, rx, fw, rx-fw))
@@ -1012,6 +1028,9 @@ func TestSoakDayInTheLife(t *testing.T) {
 			assert.LessOrEqual(t, r.DTLS.Lost, r.DTLS.Moves, "%s: lost records", r.Step)
 		}
 	}
+	for _, r := range rows {
+		assert.Zero(t, r.Kernel, "%s: datagrams dropped by the kernel at the replicas' service sockets", r.Step)
+	}
 	lost := cl.lostDatagrams() + late.lostDatagrams()
 	t.Logf("pion records never echoed over the day: %d", lost)
 	tbl := dayTable(sc, rows, time.Since(begin), lost)
@@ -1025,12 +1044,12 @@ func dayTable(sc dayScale, rows []dayRow, total time.Duration, lost int64) strin
 	var b strings.Builder
 	fmt.Fprintf(&b, "day in the life: %d pion and %d quic-go clients (a new port every %d messages, a new path every %d), %v between messages, steps of %v plus the change, drain deadline %v, %.0f s in all\n\n",
 		sc.DTLS, sc.QUIC, sc.RebindEvery, sc.MigrateEvery, sc.Pause, sc.Step, sc.Drain, total.Seconds())
-	b.WriteString("| step | time | messages DTLS / QUIC | unanswered DTLS / QUIC | DTLS records resent / lost | bound | failed sessions | re-handshakes | rebinds / migrations | each replica's process: received = forwarded + dropped (both services and directions) |\n")
-	b.WriteString("|---|--:|--:|--:|--:|---|--:|--:|--:|---|\n")
+	b.WriteString("| step | time | messages DTLS / QUIC | unanswered DTLS / QUIC | DTLS records resent / lost | bound | kernel drops at the replicas | failed sessions | re-handshakes | rebinds / migrations | each replica's process: received = forwarded + dropped (both services and directions) |\n")
+	b.WriteString("|---|--:|--:|--:|--:|---|--:|--:|--:|--:|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %.1f s | %d / %d | %d / %d | %d / %d | %s | %d | %d | %d / %d | %s |\n",
+		fmt.Fprintf(&b, "| %s | %.1f s | %d / %d | %d / %d | %d / %d | %s | %d | %d | %d | %d / %d | %s |\n",
 			r.Step, r.Elapsed.Seconds(), r.DTLS.Messages, r.QUIC.Messages, r.DTLS.Unanswered, r.QUIC.Unanswered, r.DTLS.Resent, r.DTLS.Lost, r.Bound,
-			r.DTLS.FailedSessions+r.QUIC.FailedSessions, r.DTLS.Rehandshakes+r.QUIC.Rehandshakes,
+			r.Kernel, r.DTLS.FailedSessions+r.QUIC.FailedSessions, r.DTLS.Rehandshakes+r.QUIC.Rehandshakes,
 			r.DTLS.Moves, r.QUIC.Moves, strings.Join(r.Identity, "; "))
 	}
 	for _, r := range rows {
