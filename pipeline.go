@@ -46,19 +46,25 @@ type Service struct {
 	// Listen (the new process of a restart handover) instead of failing
 	// with udpio.ErrInUse; see udpio.ListenConfig.
 	JoinExisting bool
-	// Conns, when set, are the service's sockets, opened by the caller
-	// (inherited from systemd or a parent process, or bound with options
-	// of its own): the Pipeline serves them instead of binding Listen, one
-	// worker each, and owns them from New on: it closes them when it stops,
-	// and when New fails. They must all be bound to one address, which is
-	// Listen (a zero Listen takes it from them); Workers must be 0 or
-	// len(Conns), and RecvBuffer, SendBuffer and JoinExisting, which apply
-	// to sockets the Pipeline binds, must be zero. When both Listen and
-	// the public address are wildcards, each socket needs packet info
-	// enabled (IP_PKTINFO or IPV6_RECVPKTINFO, as udpio.ListenConfig's
-	// PacketInfo sets), so that replies leave from the address clients
-	// sent to.
+	// Conns, when set, are the service's sockets, already bound to Listen
+	// (zero Listen: their address): the ones a previous process handed
+	// over (Pipeline.Sockets, passed as descriptors), or the caller's own.
+	// The Pipeline serves them instead of opening a group, one worker
+	// each, keeping their kernel queues and SO_REUSEPORT group. Workers
+	// beyond len(Conns) get new sockets that join the group; fewer
+	// Workers than Conns is taken as len(Conns), since closing a socket
+	// of the group would lose what it holds. From New on the Pipeline
+	// owns them and closes them when it stops, or when New fails. When
+	// both Listen and the public address are wildcards, New turns packet
+	// info on for them, so that replies leave from the address clients
+	// sent to; RecvBuffer and SendBuffer apply to them too.
 	Conns []*net.UDPConn
+	// UpstreamConns, in PPv2 mode, are the workers' upstream sockets in
+	// worker order (Pipeline.Sockets of the previous process), so that
+	// backends keep replying to the ports they know and replies in flight
+	// reach this Pipeline; a worker without one opens its own. Owned as
+	// Conns are.
+	UpstreamConns []*net.UDPConn
 
 	// MaxSessions bounds each worker's transparent session table
 	// (RouterConfig.Transparent); datagrams of further flows are dropped
@@ -103,13 +109,22 @@ var ErrClosed = errors.New("cidroute: pipeline closed")
 // mode), and keeps the process's own addresses (OwnAddrs) current, so
 // that neither direction ever sends to the proxy itself.
 type Pipeline struct {
-	log      *slog.Logger
-	services []*service
-	own      atomic.Pointer[OwnAddrs]
-	bound    []netip.AddrPort // every socket bound to receive: services and upstreams
+	log *slog.Logger
+	cfg Config // batch size and datagram bound, for AddService
+	own atomic.Pointer[OwnAddrs]
 
+	// mu guards the service list, which AddService grows while Run runs;
+	// the packet path never takes it.
+	mu       sync.Mutex
+	services []*service
+	bound    []netip.AddrPort // every socket bound to receive: services and upstreams
+	start    func(*service)   // while Run runs: starts a service's loops
+	ended    bool             // Run has stopped, or Close ran first
+
+	serving  chan struct{} // closed once Run's loops are all running
 	stop     chan struct{}
 	stopOnce sync.Once
+	drain    context.Context // set by Drain (under mu) before stop closes
 	done     chan struct{}
 	runOnce  sync.Once
 	err      error
@@ -124,14 +139,15 @@ type service struct {
 
 // New validates cfg and opens every socket, so that a bad address fails
 // here and Addr reports the bound ports; Run starts the traffic.
-func New(cfg Config) (p *Pipeline, err error) {
-	defer func() {
-		if err != nil { // the caller's sockets are the Pipeline's from here on
-			for _, sc := range cfg.Services {
-				closeAll(sc.Conns)
-			}
+func New(cfg Config) (*Pipeline, error) {
+	svcs := slices.Clone(cfg.Services)
+	fail := func(err error) (*Pipeline, error) {
+		for _, sc := range svcs { // the caller's sockets are the Pipeline's
+			closeAll(sc.Conns)
+			closeAll(sc.UpstreamConns)
 		}
-	}()
+		return nil, err
+	}
 	if len(cfg.Services) == 0 {
 		return nil, fmt.Errorf("no services: %w", ErrConfig)
 	}
@@ -142,55 +158,104 @@ func New(cfg Config) (p *Pipeline, err error) {
 		cfg.MaxDatagram = 9216
 	}
 	if cfg.BatchSize < 1 || cfg.BatchSize > 1024 || cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535 {
-		return nil, fmt.Errorf("batch size %d, max datagram %d: %w", cfg.BatchSize, cfg.MaxDatagram, ErrConfig)
+		return fail(fmt.Errorf("batch size %d, max datagram %d: %w", cfg.BatchSize, cfg.MaxDatagram, ErrConfig))
 	}
 	if cfg.Wait > WaitBlocking {
-		return nil, fmt.Errorf("wait mode %d: %w", cfg.Wait, ErrConfig)
+		return fail(fmt.Errorf("wait mode %d: %w", cfg.Wait, ErrConfig))
 	}
-	p = &Pipeline{log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
+	p := &Pipeline{log: cfg.Logger, cfg: cfg, serving: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	if p.log == nil {
 		p.log = slog.Default()
 	}
-	svcs := slices.Clone(cfg.Services)
 	names := map[string]bool{}
 	for i := range svcs {
 		sc := &svcs[i]
 		if sc.Name == "" || names[sc.Name] {
-			return nil, fmt.Errorf("service name %q empty or repeated: %w", sc.Name, ErrConfig)
+			return fail(fmt.Errorf("service name %q empty or repeated: %w", sc.Name, ErrConfig))
 		}
 		names[sc.Name] = true
 		if err := sc.validate(); err != nil {
-			return nil, fmt.Errorf("service %s: %w", sc.Name, err)
+			return fail(fmt.Errorf("service %s: %w", sc.Name, err))
 		}
 	}
 	if err := sizeSessions(svcs); err != nil {
-		return nil, err
+		return fail(err)
 	}
-	for _, sc := range svcs {
-		s, err := p.openService(sc, cfg)
+	for i, sc := range svcs {
+		s, err := p.openService(sc)
 		if err != nil {
 			p.closeSockets()
-			return nil, fmt.Errorf("service %s: %w", sc.Name, err)
+			svcs = svcs[i+1:] // openService closed sc's own
+			return fail(fmt.Errorf("service %s: %w", sc.Name, err))
 		}
 		p.services = append(p.services, s)
 	}
 	p.refreshOwn()
-	if err := p.checkBackends(); err != nil {
+	if err := p.checkBackends(p.services); err != nil {
 		p.closeSockets()
 		return nil, err
 	}
 	return p, nil
 }
 
-// validate checks sc and fills in its defaults (Workers; Listen from
-// Conns). The listen address is unmapped then: every check and the bind
-// see ::ffff:a.b.c.d as a.b.c.d, as the own-address set and the routers
-// do.
+// AddService opens the sockets of one more service and, while Run runs,
+// starts serving it; the other services' sockets are not touched. A
+// configuration reload adds services this way. It fails as New would for
+// the service alone, and with ErrClosed once the Pipeline has stopped.
+func (p *Pipeline) AddService(sc Service) error {
+	fail := func(err error) error {
+		closeAll(sc.Conns)
+		closeAll(sc.UpstreamConns)
+		return err
+	}
+	if err := sc.validate(); err != nil {
+		return fail(fmt.Errorf("service %s: %w", sc.Name, err))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return fail(ErrClosed)
+	}
+	all := []Service{}
+	for _, s := range p.services {
+		if s.cfg.Name == sc.Name || sc.Name == "" {
+			return fail(fmt.Errorf("service name %q empty or repeated: %w", sc.Name, ErrConfig))
+		}
+		all = append(all, s.cfg)
+	}
+	all = append(all, sc)
+	if err := sizeSessions(all); err != nil {
+		return fail(err)
+	}
+	sc = all[len(all)-1]
+	nbound := len(p.bound)
+	s, err := p.openServiceLocked(sc)
+	if err != nil {
+		return fmt.Errorf("service %s: %w", sc.Name, err)
+	}
+	p.refreshOwnLocked()
+	if err := p.checkBackends(append(slices.Clone(p.services), s)); err != nil {
+		s.close()
+		p.bound = p.bound[:nbound]
+		p.refreshOwnLocked()
+		return err
+	}
+	p.services = append(p.services, s)
+	if p.start != nil {
+		p.start(s)
+	}
+	return nil
+}
+
+// validate checks sc and fills in its defaults (Workers, and Listen
+// from Conns). The listen address is unmapped then: every check and the
+// bind see ::ffff:a.b.c.d as a.b.c.d, as the own-address set and the
+// routers do.
 func (sc *Service) validate() error {
 	if err := sc.Limits.validate(); err != nil {
 		return err
 	}
-	if err := sc.validateConns(); err != nil {
+	if err := sc.checkConns(); err != nil {
 		return err
 	}
 	sc.Listen = addr.Unmap(sc.Listen)
@@ -217,40 +282,34 @@ func (sc *Service) validate() error {
 	return nil
 }
 
-// validateConns checks the caller's sockets, if any, and takes Workers and
-// Listen from them.
-func (sc *Service) validateConns() error {
+// checkConns checks the given sockets against Listen (filling it in when
+// zero) and sizes Workers to hold them all.
+func (sc *Service) checkConns() error {
+	if len(sc.UpstreamConns) > 0 && (sc.Transparent || len(sc.UpstreamConns) > len(sc.Conns)) {
+		return fmt.Errorf("%d upstream sockets for %d service sockets (transparent %v): %w", len(sc.UpstreamConns), len(sc.Conns), sc.Transparent, ErrConfig)
+	}
 	if len(sc.Conns) == 0 {
 		return nil
 	}
-	if sc.RecvBuffer != 0 || sc.SendBuffer != 0 || sc.JoinExisting {
-		return fmt.Errorf("buffer sizes and joining apply to sockets the pipeline binds, not to Conns: %w", ErrConfig)
-	}
-	if sc.Workers != 0 && sc.Workers != len(sc.Conns) {
-		return fmt.Errorf("workers %d for %d sockets: want 0 or %d: %w", sc.Workers, len(sc.Conns), len(sc.Conns), ErrConfig)
-	}
-	sc.Workers = len(sc.Conns)
-	var at netip.AddrPort
 	for i, c := range sc.Conns {
 		if c == nil {
-			return fmt.Errorf("socket %d is nil: %w", i, ErrConfig)
+			return fmt.Errorf("service socket %d is nil: %w", i, ErrConfig)
 		}
-		a, ok := c.LocalAddr().(*net.UDPAddr)
-		if !ok {
-			return fmt.Errorf("socket %d is not bound: %w", i, ErrConfig)
+		la, ok := c.LocalAddr().(*net.UDPAddr)
+		if !ok || la == nil {
+			return fmt.Errorf("service socket %d is not bound: %w", i, ErrConfig)
 		}
-		ap := a.AddrPort()
-		switch {
-		case i == 0:
-			at = ap
-		case ap != at:
-			return fmt.Errorf("socket %d is bound to %v, socket 0 to %v: %w", i, ap, at, ErrConfig)
+		a := la.AddrPort()
+		a = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+		if !sc.Listen.IsValid() {
+			sc.Listen = a
+		}
+		if a != sc.Listen {
+			return fmt.Errorf("service socket %d is bound to %v, not the listen address %v: %w", i, a, sc.Listen, ErrConfig)
 		}
 	}
-	if !sc.Listen.IsValid() {
-		sc.Listen = at
-	} else if sc.Listen != at {
-		return fmt.Errorf("listen address %v, but the sockets are bound to %v: %w", sc.Listen, at, ErrConfig)
+	if sc.Workers < len(sc.Conns) {
+		sc.Workers = len(sc.Conns)
 	}
 	return nil
 }
@@ -305,13 +364,24 @@ func sizeSessionsFor(svcs []Service, limit uint64, ok bool) error {
 	return nil
 }
 
-func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
+func (p *Pipeline) openService(sc Service) (*service, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.openServiceLocked(sc)
+}
+
+// openServiceLocked opens (or adopts) the service's sockets and builds its
+// workers. On failure every socket of sc, given or opened, is closed.
+func (p *Pipeline) openServiceLocked(sc Service) (*service, error) {
+	ups := sc.UpstreamConns
+	defer func() { closeAll(ups) }() // those no worker took
 	rc := sc.RouterConfig
 	rc.PublicAddr = addr.Unmap(rc.PublicAddr) // as NewRouter sees it
 	if !rc.PublicAddr.IsValid() {
 		rc.PublicAddr = sc.Listen
 	}
 	if _, err := NewRouter(rc); err != nil {
+		closeAll(sc.Conns)
 		return nil, err
 	}
 	measured := rc.PublicAddr.Addr().IsUnspecified()
@@ -319,16 +389,13 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 		PacketInfo: measured && sc.Listen.Addr().IsUnspecified()}
 	// A later instance may take the sockets over (udpio.ListenConfig).
 	lc.Joinable, lc.JoinExisting = true, sc.JoinExisting
-	group := sc.Conns
-	if len(group) == 0 {
-		network := "udp4"
-		if sc.Listen.Addr().Is6() {
-			network = "udp6"
-		}
-		var err error
-		if group, err = udpio.ListenGroup(network, sc.Listen.String(), sc.Workers, lc); err != nil {
-			return nil, configErr(err)
-		}
+	network := "udp4"
+	if sc.Listen.Addr().Is6() {
+		network = "udp6"
+	}
+	group, err := p.listen(network, sc, lc)
+	if err != nil {
+		return nil, configErr(err)
 	}
 	s := &service{cfg: sc}
 	p.warnBuffers(sc, "service", group[0])
@@ -339,22 +406,28 @@ func (p *Pipeline) openService(sc Service, cfg Config) (*service, error) {
 			rc.PublicAddr = netip.AddrPortFrom(rc.PublicAddr.Addr(), port)
 		}
 	}
-	var err error
 	if s.router, err = NewRouter(rc); err != nil {
 		closeAll(group)
 		return nil, err
 	}
 	s.lenLog.log, s.lenLog.want = p.log.With("service", sc.Name), s.router.cidLen
+	s.cfg.Conns, s.cfg.UpstreamConns = nil, nil // the workers hold them now
+	nbound := len(p.bound)
 	p.bound = append(p.bound, s.cfg.Listen)
-	for _, in := range group {
-		w, err := p.newWorker(s, in, cfg)
+	for i, in := range group {
+		var up *net.UDPConn
+		if i < len(ups) {
+			up, ups[i] = ups[i], nil
+		}
+		w, err := p.newWorker(s, in, up)
 		if err == nil && lc.PacketInfo && !w.in.PacketInfo() {
 			err = fmt.Errorf("socket bound to %v without packet info, which a wildcard public address needs: %w", s.cfg.Listen, ErrConfig)
-			w.up.close()
+			w.close()
 		}
 		if err != nil {
-			closeAll(group)
+			closeAll(group[i:])
 			s.close()
+			p.bound = p.bound[:nbound]
 			return nil, configErr(err)
 		}
 		s.workers = append(s.workers, w)
@@ -390,11 +463,44 @@ func (p *Pipeline) warnBuffers(sc Service, kind string, c syscall.Conn) {
 	}
 }
 
-// newWorker builds the worker of socket in and its upstream.
-func (p *Pipeline) newWorker(s *service, in *net.UDPConn, cfg Config) (*worker, error) {
-	sc := s.cfg
+// listen returns the service's sockets: sc.Conns, with more joining their
+// group up to sc.Workers, or a new group.
+func (p *Pipeline) listen(network string, sc Service, lc udpio.ListenConfig) ([]*net.UDPConn, error) {
+	if len(sc.Conns) == 0 {
+		return udpio.ListenGroup(network, sc.Listen.String(), sc.Workers, lc)
+	}
+	group := slices.Clone(sc.Conns)
+	fail := func(err error) ([]*net.UDPConn, error) {
+		closeAll(group)
+		return nil, err
+	}
+	if lc.PacketInfo || lc.RecvBuffer > 0 || lc.SendBuffer > 0 {
+		for _, c := range group {
+			if err := udpio.Configure(c, lc); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	if n := sc.Workers - len(group); n > 0 {
+		lc.JoinExisting = true // the group of the given sockets
+		more, err := udpio.ListenGroup(network, sc.Listen.String(), n, lc)
+		if err != nil {
+			return fail(err)
+		}
+		group = append(group, more...)
+	}
+	return group, nil
+}
+
+// newWorker builds the worker of socket in and its upstream, on socket up
+// when given (PPv2 mode).
+func (p *Pipeline) newWorker(s *service, in, up *net.UDPConn) (*worker, error) {
+	sc, cfg := s.cfg, p.cfg
 	w, err := newWorker(in, s.router, &p.own, NewAdmission(sc.Limits, sc.Workers), cfg.BatchSize, cfg.MaxDatagram)
 	if err != nil {
+		if up != nil {
+			up.Close()
+		}
 		return nil, err
 	}
 	if cfg.Wait == WaitBlocking {
@@ -406,8 +512,15 @@ func (p *Pipeline) newWorker(s *service, in *net.UDPConn, cfg Config) (*worker, 
 		w.up = newSessionTable(rp, sc.MaxSessions, sc.SessionIdle, cfg.MaxDatagram)
 		return w, nil
 	}
-	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
-	if w.up, err = newSharedUpstream(rp, lc, cfg.BatchSize, cfg.MaxDatagram, w.blocking); err != nil {
+	if up == nil {
+		lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
+		ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
+		if err != nil {
+			return nil, fmt.Errorf("upstream socket: %w", err)
+		}
+		up = ups[0]
+	}
+	if w.up, err = newSharedUpstream(rp, up, cfg.BatchSize, cfg.MaxDatagram, w.blocking); err != nil {
 		return nil, fmt.Errorf("upstream socket: %w", err)
 	}
 	return w, nil
@@ -432,6 +545,12 @@ func closeAll(cs []*net.UDPConn) {
 // refreshOwn publishes the process's own addresses: every bound socket,
 // and the host's current addresses for the wildcard-bound ones.
 func (p *Pipeline) refreshOwn() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refreshOwnLocked()
+}
+
+func (p *Pipeline) refreshOwnLocked() {
 	host, err := LocalAddrs()
 	if err != nil {
 		p.log.Warn("listing the host's addresses", "err", err)
@@ -442,16 +561,16 @@ func (p *Pipeline) refreshOwn() {
 	p.own.Store(NewOwnAddrs(p.bound, host))
 }
 
-// checkBackends applies CheckBackends to the pipeline's services, with
-// the ports the kernel picked and every socket it bound.
-func (p *Pipeline) checkBackends() error {
-	svcs := make([]Service, len(p.services))
-	for i, s := range p.services {
-		svcs[i] = s.cfg
-		svcs[i].PublicAddr = s.router.public
+// checkBackends applies CheckBackends to svcs, with the ports the kernel
+// picked and every socket the pipeline bound.
+func (p *Pipeline) checkBackends(svcs []*service) error {
+	defs := make([]Service, len(svcs))
+	for i, s := range svcs {
+		defs[i] = s.cfg
+		defs[i].PublicAddr = s.router.public
 	}
-	return CheckBackends(svcs, p.own.Load(), func(i int) []registry.Backend {
-		return p.services[i].router.backends.Snapshot().Backends()
+	return CheckBackends(defs, p.own.Load(), func(i int) []registry.Backend {
+		return svcs[i].router.backends.Snapshot().Backends()
 	})
 }
 
@@ -487,6 +606,8 @@ func CheckBackends(svcs []Service, own *OwnAddrs, backends func(i int) []registr
 }
 
 func (p *Pipeline) service(name string) *service {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for _, s := range p.services {
 		if s.cfg.Name == name {
 			return s
@@ -533,9 +654,51 @@ func (p *Pipeline) Router(service string) (r *Router, ok bool) {
 // address of the host, which it tracks while it runs.
 func (p *Pipeline) OwnAddrs() *OwnAddrs { return p.own.Load() }
 
+// Sockets returns the named service's sockets, for handing them to a
+// successor process (their SyscallConn gives the descriptors to pass; see
+// Service.Conns): the service sockets in worker order and, in PPv2 mode,
+// each worker's upstream socket. They stay the Pipeline's. ok is false
+// when there is no such service.
+func (p *Pipeline) Sockets(service string) (listen, upstream []syscall.Conn, ok bool) {
+	s := p.service(service)
+	if s == nil {
+		return nil, nil, false
+	}
+	for _, w := range s.workers {
+		listen = append(listen, w.in)
+		if u, ok := w.up.(*sharedUpstream); ok {
+			upstream = append(upstream, u.io)
+		}
+	}
+	return listen, upstream, true
+}
+
+// SetLimits replaces the named service's admission limits while it runs.
+// Each worker picks its new buckets, which start full, at its next batch;
+// the datagrams pay nothing for it.
+func (p *Pipeline) SetLimits(service string, l Limits) error {
+	if err := l.validate(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.services {
+		if s.cfg.Name == service {
+			s.cfg.Limits = l
+			for _, w := range s.workers {
+				w.adm.Store(NewAdmission(l, len(s.workers)))
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("service %q: no such service: %w", service, ErrConfig)
+}
+
 // Stats returns every service's counters, summed over its workers. The
 // kernel's drops take one getsockopt per socket.
 func (p *Pipeline) Stats() []ServiceStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	out := make([]ServiceStats, len(p.services))
 	for i, s := range p.services {
 		out[i].Name = s.cfg.Name
@@ -565,11 +728,21 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 	defer close(p.done)
 	errc := make(chan error, 1)
-	var wg sync.WaitGroup
+	var wg, started sync.WaitGroup
+	initial := true // under mu: the loops Serving waits for
 	run := func(loop func() error) {
 		wg.Add(1)
+		st := &started
+		if initial {
+			st.Add(1)
+		} else {
+			st = nil
+		}
 		go func() {
 			defer wg.Done()
+			if st != nil {
+				st.Done()
+			}
 			if err := loop(); err != nil {
 				select {
 				case errc <- err:
@@ -578,8 +751,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	p.raiseProcs()
-	for _, s := range p.services {
+	start := func(s *service) {
+		p.raiseProcs()
 		for _, w := range s.workers {
 			run(w.forwardLoop)
 			run(w.up.serve)
@@ -587,6 +760,17 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		p.log.Info("service started", "service", s.cfg.Name, "protocol", s.cfg.Protocol,
 			"listen", s.cfg.Listen, "workers", len(s.workers), "cid_len", s.router.codec.Len())
 	}
+	p.mu.Lock()
+	for _, s := range p.services {
+		start(s)
+	}
+	p.start = start
+	initial = false
+	p.mu.Unlock()
+	go func() {
+		started.Wait()
+		close(p.serving)
+	}()
 	watchStop := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {
@@ -600,9 +784,17 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	case err = <-errc:
 		p.log.Error("pipeline stopped by a socket error", "err", err)
 	}
+	p.mu.Lock()
+	p.start, p.ended = nil, true
+	svcs := slices.Clone(p.services)
+	drain := p.drain
+	p.mu.Unlock()
+	if drain != nil && err == nil {
+		p.drainOut(svcs, drain)
+	}
 	// Wake every reader without closing its socket: in-flight batches are
 	// still sent, then the loops return and the sockets close.
-	for _, s := range p.services {
+	for _, s := range svcs {
 		for _, w := range s.workers {
 			w.wake()
 		}
@@ -615,6 +807,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.log.Info("pipeline stopped")
 	return err
 }
+
+// Serving is closed once Run runs every worker's goroutines, about to
+// read: a successor in a restart handover waits for it before it tells
+// its predecessor to stop reading the sockets they share.
+func (p *Pipeline) Serving() <-chan struct{} { return p.serving }
 
 // raiseProcs gives every thread that WaitBlocking locks a P of its own,
 // and one for the rest of the process (see WaitBlocking).
@@ -637,6 +834,9 @@ func (p *Pipeline) raiseProcs() {
 func (p *Pipeline) Close() error {
 	p.stopOnce.Do(func() { close(p.stop) })
 	p.runOnce.Do(func() { // Run never started, and now never will
+		p.mu.Lock()
+		p.ended = true
+		p.mu.Unlock()
 		p.closeSockets()
 		close(p.done)
 	})
@@ -644,8 +844,46 @@ func (p *Pipeline) Close() error {
 	return p.err
 }
 
+// Drain is the stop of a process whose successor has taken over its
+// sockets (a restart handover, Service.Conns): the pipeline stops reading
+// client datagrams and the PPv2 upstream sockets, which the successor now
+// reads, and sends what it had read; transparent sessions, whose sockets
+// only this process holds, go on relaying their backends' replies until
+// ctx is done. Then it stops as Close does, and returns what Run
+// returned. Without transparent services Drain does not wait for ctx.
+func (p *Pipeline) Drain(ctx context.Context) error {
+	p.stopOnce.Do(func() {
+		p.mu.Lock()
+		p.drain = ctx
+		p.mu.Unlock()
+		close(p.stop)
+	})
+	return p.Close()
+}
+
+// drainOut ends the forward loops and the shared upstreams' loops and
+// waits for ctx while transparent sessions relay.
+func (p *Pipeline) drainOut(svcs []*service, ctx context.Context) {
+	transparent := false
+	for _, s := range svcs {
+		transparent = transparent || s.cfg.Transparent
+		for _, w := range s.workers {
+			wakeReader(w.conn, w.in, w.blocking)
+			if !s.cfg.Transparent {
+				w.up.wake()
+			}
+		}
+	}
+	if transparent {
+		<-ctx.Done()
+	}
+}
+
 func (p *Pipeline) closeSockets() {
-	for _, s := range p.services {
+	p.mu.Lock()
+	svcs := slices.Clone(p.services)
+	p.mu.Unlock()
+	for _, s := range svcs {
 		s.close()
 	}
 }

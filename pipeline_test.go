@@ -461,16 +461,10 @@ func TestPipelineOwnSocketsConfig(t *testing.T) {
 		return c
 	}
 	for name, mod := range map[string]func(*Service){
-		"workers":       func(s *Service) { s.Workers = 3 },
-		"recv buffer":   func(s *Service) { s.RecvBuffer = 1 << 20 },
-		"join":          func(s *Service) { s.JoinExisting = true },
 		"two addresses": func(s *Service) { s.Conns = append(s.Conns, listen("127.0.0.1:0")) },
 		"other listen":  func(s *Service) { s.Listen = netip.MustParseAddrPort("127.0.0.1:1") },
 		"nil socket":    func(s *Service) { s.Conns = append(s.Conns, nil) },
-		"no packet info": func(s *Service) {
-			s.Conns = []*net.UDPConn{listen("0.0.0.0:0")}
-			s.PublicAddr = netip.MustParseAddrPort("0.0.0.0:5684")
-		},
+		"upstreams":     func(s *Service) { s.UpstreamConns = []*net.UDPConn{listen("127.0.0.1:0"), listen("127.0.0.1:0")} },
 	} {
 		c := listen("127.0.0.1:0")
 		s := Service{Name: "s", Conns: []*net.UDPConn{c}, RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg}}
@@ -484,8 +478,9 @@ func TestPipelineOwnSocketsConfig(t *testing.T) {
 			}
 		}
 	}
-	// With packet info, a wildcard socket serves a wildcard public address.
-	group, err := udpio.ListenGroup("udp4", "0.0.0.0:0", 1, udpio.ListenConfig{PacketInfo: true})
+	// A wildcard socket serves a wildcard public address: New turns packet
+	// info on (a socket handed over from another process has it already).
+	group, err := udpio.ListenGroup("udp4", "0.0.0.0:0", 1, udpio.ListenConfig{})
 	require.NoError(t, err)
 	p, err := New(Config{Logger: quietLog, Services: []Service{{Name: "s", Conns: group,
 		RouterConfig: RouterConfig{Protocol: DTLS, Backends: reg, PublicAddr: netip.MustParseAddrPort("0.0.0.0:5684")}}}})

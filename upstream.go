@@ -23,21 +23,20 @@ type sharedUpstream struct {
 	block         bool // serve blocks a locked thread (WaitBlocking)
 }
 
-// newSharedUpstream binds the upstream socket: the wildcard address of
-// both families on a kernel-chosen port. It is not bound to the family or
+// newSharedUpstream serves the upstream socket conn, which newWorker binds
+// to the wildcard address of both families on a kernel-chosen port (or
+// inherits in a restart handover). It is not bound to the family or
 // interface of today's backends because the registry changes them at run
 // time, to any address of either family, while the socket is bound once;
 // a wildcard socket lets the kernel pick the source address for each
 // backend's route. Anyone can send to it, so a reply counts only when its
 // physical sender is a backend (the reverse rule), and the port is in
 // the process's own addresses, where neither rule sends.
-func newSharedUpstream(rp *replies, lc udpio.ListenConfig, batch, maxDatagram int, blocking bool) (*sharedUpstream, error) {
-	ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
-	if err != nil {
-		return nil, err
-	}
-	u := &sharedUpstream{conn: ups[0], rp: rp,
+// conn is closed on failure.
+func newSharedUpstream(rp *replies, conn *net.UDPConn, batch, maxDatagram int, blocking bool) (*sharedUpstream, error) {
+	u := &sharedUpstream{conn: conn, rp: rp,
 		revIn: rxMessages(batch, maxDatagram), revOut: make([]udpio.Message, batch)}
+	var err error
 	if u.io, err = udpio.NewConn(u.conn, batch); err != nil {
 		u.conn.Close()
 		return nil, err

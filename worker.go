@@ -25,7 +25,7 @@ type worker struct {
 	in     *udpio.Conn
 	router *Router
 	own    *atomic.Pointer[OwnAddrs]
-	adm    *Admission // nil when every limit is off
+	adm    atomic.Pointer[Admission] // nil when every limit is off; SetLimits swaps it
 	up     upstream
 	rp     *replies       // the upstream's, for the reverse counters
 	lenLog *lengthWarning // the service's, or nil
@@ -71,8 +71,9 @@ func newWorker(in *net.UDPConn, r *Router, own *atomic.Pointer[OwnAddrs], adm *A
 	if err != nil {
 		return nil, err
 	}
-	w := &worker{conn: in, in: conn, router: r, own: own, adm: adm,
+	w := &worker{conn: in, in: conn, router: r, own: own,
 		fwdIn: rxMessages(batch, maxDatagram), fwdOut: make([]udpio.Message, batch), from: make([]Session, batch)}
+	w.adm.Store(adm)
 	hdrs := make([]byte, batch*HeaderRoom)
 	for i := range w.fwdOut {
 		w.fwdOut[i].Prefix = hdrs[i*HeaderRoom : i*HeaderRoom : (i+1)*HeaderRoom]
@@ -103,8 +104,8 @@ func (w *worker) forwardLoop() error {
 			return ended(err)
 		}
 		v := View{Snapshot: w.router.backends.Snapshot(), Stale: w.router.backends.Stale(),
-			Own: w.own.Load(), Admission: w.adm}
-		if w.adm != nil {
+			Own: w.own.Load(), Admission: w.adm.Load()}
+		if v.Admission != nil {
 			v.Now = time.Now().UnixNano() // once per batch, and only with limits
 		}
 		c.batch(n)

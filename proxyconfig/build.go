@@ -94,9 +94,16 @@ func (c *Config) checkOwnBackends(backends func(i int) []registry.Backend) error
 // beside its sockets. Build them with Config.Build, hand Services to
 // cidroute.New, and Run them beside the Pipeline.
 type Registries struct {
-	log      *slog.Logger
+	log  *slog.Logger
+	seed uint64 // hrw_seed, for services added later
+
+	// mu guards the services, which Apply and AddService change while
+	// Run runs, and Run's context.
+	mu       sync.Mutex
 	services []*service
 	defs     []cidroute.Service
+	ctx      context.Context // Run's, while it runs; nil before and after
+	wg       sync.WaitGroup  // every goroutine Run started
 	ran      sync.Once
 	closed   sync.Once
 }
@@ -109,6 +116,11 @@ type service struct {
 	file    *registry.File  // nil unless backends_file
 	keys    *cidkeys.File   // nil without encrypted CIDs
 	checker *health.Checker // nil without health_check
+
+	// While Run runs: how to stop the source and the checker (Apply
+	// replaces them), and when they have returned.
+	srcStop, hcStop, keysStop context.CancelFunc
+	srcDone, hcDone           chan struct{}
 }
 
 // Build makes a registry for each service, the source that feeds it, and
@@ -125,7 +137,7 @@ func (c *Config) Build(o Options) (*Registries, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	r := &Registries{log: log}
+	r := &Registries{log: log, seed: c.Seed}
 	for _, sc := range c.Services {
 		s, def, err := r.build(c.Seed, sc, o, log.With("service", sc.Name))
 		if err != nil {
@@ -149,37 +161,17 @@ func (r *Registries) build(seed uint64, sc Service, o Options, log *slog.Logger)
 		}
 	}()
 	s := &service{name: sc.Name, reg: reg, updater: &loggingUpdater{Registry: reg, log: log}}
-	if o.Source != nil {
-		if s.source, err = o.Source(sc, log); err != nil {
-			return nil, cidroute.Service{}, err
-		}
+	var static bool
+	if s.source, s.file, static, err = newSource(sc, o, log); err != nil {
+		return nil, cidroute.Service{}, err
 	}
-	switch {
-	case s.source != nil:
-	case sc.Kubernetes != nil:
-		if s.source, err = o.Kubernetes(*sc.Kubernetes, log); err != nil {
-			return nil, cidroute.Service{}, err
-		}
-	case sc.BackendsFile != "":
-		s.file = &registry.File{Path: sc.BackendsFile, Logger: log}
-		s.source = s.file
-	case sc.Backends != nil:
+	if static {
 		if err := s.updater.Update(sc.Backends); err != nil {
 			return nil, cidroute.Service{}, err
 		}
-		s.source = registry.Static(sc.Backends)
-	default:
-		return nil, cidroute.Service{}, ErrNoSource
 	}
-	if sc.Health != nil {
-		hc := *sc.Health
-		hc.Logger = o.Logger
-		if hc.Logger == nil {
-			hc.Logger = slog.Default()
-		}
-		if s.checker, err = health.New(reg, hc); err != nil { // the checker names the service
-			return nil, cidroute.Service{}, fmt.Errorf("health_check: %w", err)
-		}
+	if s.checker, err = newChecker(reg, sc, o); err != nil {
+		return nil, cidroute.Service{}, err
 	}
 	var codec cidroute.CIDCodec
 	if e := sc.CIDEncryption; e != nil {
@@ -217,12 +209,58 @@ func (r *Registries) build(seed uint64, sc Service, o Options, log *slog.Logger)
 	}, nil
 }
 
+// newSource makes the backend source of sc: the program's (o.Source),
+// Kubernetes, a backends_file (returned as file too, for Reload) or the
+// static list (static true: publish it at once).
+func newSource(sc Service, o Options, log *slog.Logger) (src registry.Source, file *registry.File, static bool, err error) {
+	if o.Source != nil {
+		if src, err = o.Source(sc, log); err != nil || src != nil {
+			return src, nil, false, err
+		}
+	}
+	switch {
+	case sc.Kubernetes != nil:
+		src, err = o.Kubernetes(*sc.Kubernetes, log)
+		return src, nil, false, err
+	case sc.BackendsFile != "":
+		file = &registry.File{Path: sc.BackendsFile, Logger: log}
+		return file, file, false, nil
+	case sc.Backends != nil:
+		return registry.Static(sc.Backends), nil, true, nil
+	}
+	return nil, nil, false, ErrNoSource
+}
+
+// newChecker makes the health checker of sc over reg, or nil without
+// health_check.
+func newChecker(reg *registry.Registry, sc Service, o Options) (*health.Checker, error) {
+	if sc.Health == nil {
+		return nil, nil
+	}
+	hc := *sc.Health
+	hc.Logger = o.Logger
+	if hc.Logger == nil {
+		hc.Logger = slog.Default()
+	}
+	c, err := health.New(reg, hc) // the checker names the service
+	if err != nil {
+		return nil, fmt.Errorf("health_check: %w", err)
+	}
+	return c, nil
+}
+
 // Services returns the services' definitions for cidroute.Config, in the
 // file's order, each routing over its registry. The slice is the caller's.
-func (r *Registries) Services() []cidroute.Service { return slices.Clone(r.defs) }
+func (r *Registries) Services() []cidroute.Service {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.defs)
+}
 
 // Registry returns the named service's registry.
 func (r *Registries) Registry(service string) (reg *registry.Registry, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for _, s := range r.services {
 		if s.name == service {
 			return s.reg, true
@@ -234,6 +272,8 @@ func (r *Registries) Registry(service string) (reg *registry.Registry, ok bool) 
 // Checker returns the named service's health checker; ok is false for a
 // service without health_check.
 func (r *Registries) Checker(service string) (c *health.Checker, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for _, s := range r.services {
 		if s.name == service && s.checker != nil {
 			return s.checker, true
@@ -246,36 +286,21 @@ func (r *Registries) Checker(service string) (c *health.Checker, ok bool) {
 // them to return, at most StopWait. A source that fails is logged; its
 // registry keeps the last backends. Run runs at most once.
 func (r *Registries) Run(ctx context.Context) {
-	var wg sync.WaitGroup
 	r.ran.Do(func() {
+		r.mu.Lock()
+		r.ctx = ctx
 		for _, s := range r.services {
-			if s.keys != nil {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					s.keys.Run(ctx)
-				}()
-			}
-			if s.checker != nil {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					s.checker.Run(ctx)
-				}()
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := s.source.Run(ctx, s.updater); err != nil && !errors.Is(err, context.Canceled) {
-					s.updater.log.Error("backend source stopped; routing goes on with the last backends", "err", err)
-				}
-			}()
+			r.startLocked(s)
 		}
+		r.mu.Unlock()
 	})
 	<-ctx.Done()
+	r.mu.Lock()
+	r.ctx = nil // Apply and AddService start nothing more
+	r.mu.Unlock()
 	stopped := make(chan struct{})
 	go func() {
-		wg.Wait()
+		r.wg.Wait()
 		close(stopped)
 	}()
 	select {
@@ -285,9 +310,77 @@ func (r *Registries) Run(ctx context.Context) {
 	}
 }
 
+// startLocked starts what s runs, if Run runs. The caller holds mu.
+func (r *Registries) startLocked(s *service) {
+	if r.ctx == nil {
+		return
+	}
+	if s.keys != nil && s.keysStop == nil {
+		var ctx context.Context
+		ctx, s.keysStop = context.WithCancel(r.ctx)
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			s.keys.Run(ctx)
+		}()
+	}
+	r.startCheckerLocked(s)
+	r.startSourceLocked(s)
+}
+
+func (r *Registries) startSourceLocked(s *service) {
+	if r.ctx == nil || s.source == nil {
+		return
+	}
+	ctx, stop := context.WithCancel(r.ctx)
+	done := make(chan struct{})
+	s.srcStop, s.srcDone = stop, done
+	src := s.source
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(done)
+		if err := src.Run(ctx, s.updater); err != nil && !errors.Is(err, context.Canceled) {
+			s.updater.log.Error("backend source stopped; routing goes on with the last backends", "err", err)
+		}
+	}()
+}
+
+func (r *Registries) startCheckerLocked(s *service) {
+	if r.ctx == nil || s.checker == nil {
+		return
+	}
+	ctx, stop := context.WithCancel(r.ctx)
+	done := make(chan struct{})
+	s.hcStop, s.hcDone = stop, done
+	c := s.checker
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(done)
+		c.Run(ctx)
+	}()
+}
+
+// stopWait cancels a goroutine Run started and waits for it, at most
+// StopWait (a source stuck in a read is left behind, as at shutdown).
+func (r *Registries) stopWait(stop context.CancelFunc, done chan struct{}, what string, log *slog.Logger) {
+	if stop == nil {
+		return
+	}
+	stop()
+	select {
+	case <-done:
+	case <-time.After(StopWait):
+		log.Error(what+" did not stop in time; going on without it", "wait", StopWait)
+	}
+}
+
 // Reload asks every backends_file source and every CID key file to read
 // its file now (wire it to SIGHUP). It does not wait.
 func (r *Registries) Reload() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for _, s := range r.services {
 		if s.file != nil {
 			s.file.Reload()
@@ -302,6 +395,8 @@ func (r *Registries) Reload() {
 // instead of Run). It is idempotent.
 func (r *Registries) Close() {
 	r.closed.Do(func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
 		for _, s := range r.services {
 			s.reg.Close()
 		}

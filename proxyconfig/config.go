@@ -48,7 +48,7 @@ type fileService struct {
 	MaxSessions    int              `json:"max_sessions"` // transparent mode only
 	SessionIdle    string           `json:"session_idle"` // transparent mode only
 	Workers        int              `json:"workers"`
-	RecvBuffer     int              `json:"recv_buffer"` // bytes, 0 = kernel default
+	RecvBuffer     int              `json:"recv_buffer"`
 	SendBuffer     int              `json:"send_buffer"`
 	MaxRegistryAge string           `json:"max_registry_age"`
 	Backends       json.RawMessage  `json:"backends"` // registry.DecodeBackends format
@@ -103,8 +103,8 @@ type Service struct {
 	SessionIdle time.Duration
 	Workers     int // 0 = one per CPU (GOMAXPROCS)
 	// RecvBuffer and SendBuffer (recv_buffer, send_buffer) are the
-	// socket buffer sizes of the service's sockets in bytes, 0 = the
-	// kernel's default (cidroute.Service).
+	// service sockets' SO_RCVBUF and SO_SNDBUF in bytes; 0 keeps the
+	// kernel's default.
 	RecvBuffer, SendBuffer int
 	MaxAge                 time.Duration // max_registry_age; 0 = never stale
 	// At most one of Backends (a static list, validated), BackendsFile
@@ -126,9 +126,9 @@ type Service struct {
 
 const maxWorkers = 256 // cidroute.Pipeline's limit
 
-// maxBuffer bounds recv_buffer and send_buffer: the kernel takes an int
-// and doubles it.
-const maxBuffer = 1 << 30
+// maxSocketBuffer bounds recv_buffer and send_buffer (1 GiB): the kernel
+// caps what it grants anyway, this catches a unit mistaken for another.
+const maxSocketBuffer = 1 << 30
 
 // Lower bounds of the duration keys, checked by -check as by a start.
 const (
@@ -299,13 +299,8 @@ func parseService(raw json.RawMessage) (Service, error) {
 		return fail("workers %d: want 0 (one per CPU) to %d", fs.Workers, maxWorkers)
 	}
 	s.Workers = fs.Workers
-	for _, b := range []struct {
-		key string
-		v   int
-	}{{"recv_buffer", fs.RecvBuffer}, {"send_buffer", fs.SendBuffer}} {
-		if b.v < 0 || b.v > maxBuffer {
-			return fail("%s %d: want 0 (the kernel's default) to %d bytes", b.key, b.v, maxBuffer)
-		}
+	if fs.RecvBuffer < 0 || fs.SendBuffer < 0 || fs.RecvBuffer > maxSocketBuffer || fs.SendBuffer > maxSocketBuffer {
+		return fail("recv_buffer %d, send_buffer %d: want 0 (the kernel's default) to %d bytes", fs.RecvBuffer, fs.SendBuffer, maxSocketBuffer)
 	}
 	s.RecvBuffer, s.SendBuffer = fs.RecvBuffer, fs.SendBuffer
 	if s.MaxAge, err = parseDuration("max_registry_age", fs.MaxRegistryAge, minRegistryAge, true); err != nil {

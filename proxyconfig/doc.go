@@ -31,6 +31,7 @@
 //	    "proxy_protocol": true,           // false: transparent mode
 //	    "max_sessions": 0, "session_idle": "2m", // transparent mode only
 //	    "workers": 2, "max_registry_age": "30s",
+//	    "recv_buffer": 4194304, "send_buffer": 4194304, // bytes; 0 = the kernel's default
 //	    "backends": [{"ordinal": 0, "address": "10.0.0.10:5684"}],
 //	    "unroutable": "drop",             // QUIC only: drop or hash
 //	    "limits": {"global_pps": 0, "per_source_pps": 200, "handshake_pps": 2000, "zero_rtt_pps": 0},
@@ -47,4 +48,16 @@
 // backends down in the service's registry (Registries.Checker gives its
 // Stats). The meaning and bounds of
 // every key are in examples/cidproxy/README.md; Parse enforces them.
+//
+// # Reloads
+//
+// A running program re-reads its file and compares it with what runs:
+// Config.Diff says which services' backends (lists or sources), limits
+// and health checks changed, which services are new, and which keys need
+// new sockets or routing rules (Refused, named as the file names them; a
+// service with one keeps its whole configuration). Registries.Apply
+// replaces the changed sources and checkers on the same registries,
+// Registries.AddService builds a new service for
+// cidroute.Pipeline.AddService, and Pipeline.SetLimits takes the limits;
+// Delta.Effective is the configuration that then runs.
 package proxyconfig

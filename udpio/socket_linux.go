@@ -227,3 +227,18 @@ func AttachSteering(group []*net.UDPConn, s Steering) error {
 	}
 	return nil
 }
+
+// Configure applies cfg's buffer sizes and PacketInfo to a socket that
+// is already bound, such as one inherited from another process, as
+// ListenGroup applies them before bind (Joinable and JoinExisting do not
+// apply). Call it before NewConn, which probes PacketInfo.
+func Configure(c *net.UDPConn, cfg ListenConfig) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("udpio: %w", err)
+	}
+	return control(rc, cfg, false)
+}

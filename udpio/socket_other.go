@@ -59,3 +59,25 @@ func AttachSteering(group []*net.UDPConn, s Steering) error {
 func KernelDrops(c syscall.Conn) (uint32, error) {
 	return 0, fmt.Errorf("kernel drops: %w", ErrNotSupported)
 }
+
+// Configure applies cfg's buffer sizes to a bound socket; PacketInfo
+// returns an error wrapping ErrNotSupported on this platform.
+func Configure(c *net.UDPConn, cfg ListenConfig) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	if cfg.PacketInfo {
+		return fmt.Errorf("packet info: %w", ErrNotSupported)
+	}
+	var err error
+	if cfg.RecvBuffer > 0 {
+		err = c.SetReadBuffer(cfg.RecvBuffer)
+	}
+	if err == nil && cfg.SendBuffer > 0 {
+		err = c.SetWriteBuffer(cfg.SendBuffer)
+	}
+	if err != nil {
+		return fmt.Errorf("udpio: %w", err)
+	}
+	return nil
+}

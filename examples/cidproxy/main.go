@@ -4,10 +4,12 @@
 //
 //	cidproxy -config cidproxy.json          run
 //	cidproxy -check -config cidproxy.json   validate the file and exit
-//	cidproxy -join -config cidproxy.json    run, sharing the sockets of the instance it replaces
+//	cidproxy -handover PATH -config cidproxy.json
+//	                                        run; the next process started so takes over without loss
+//	cidproxy -join -config cidproxy.json    run, sharing the sockets of a running instance
 //	cidproxy -demo                          a self-contained demo on loopback
 //
-// SIGINT and SIGTERM stop it; SIGHUP re-reads every backends_file. This
+// SIGINT and SIGTERM stop it; SIGHUP reloads the configuration. This
 // build has no Kubernetes code; examples/kubernetes/cidproxy is the same
 // program with the EndpointSlice source.
 package main

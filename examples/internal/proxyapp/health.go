@@ -73,7 +73,7 @@ func (p *proxy) readiness() []string {
 	if p.stopping.Load() {
 		why = append(why, "stopping")
 	}
-	for _, name := range p.names {
+	for _, name := range p.serviceNames() {
 		reg, _ := p.regs.Registry(name)
 		st := reg.Stats()
 		switch {

@@ -19,7 +19,7 @@ import (
 // with suppressed=N, the number of others held back since the previous
 // line, and the window starts again: a line that repeats forever is written
 // once per window with its count.
-func newLogger(w io.Writer, level slog.Level, window time.Duration) *slog.Logger {
+func newLogger(w io.Writer, level slog.Leveler, window time.Duration) *slog.Logger {
 	h := slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})
 	return slog.New(&limitHandler{Handler: h, st: &limitState{window: window, seen: map[string]*limitEntry{}}})
 }

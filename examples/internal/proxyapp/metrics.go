@@ -24,7 +24,7 @@ func metricsHandler(p *proxy) http.Handler {
 		panic(err) // a pipeline and a named path: cannot fail
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(c,
+	reg.MustRegister(c, reloadCollector{p},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
@@ -43,16 +43,22 @@ func metricsHandler(p *proxy) http.Handler {
 // serves until stop is called.
 type metricsServer struct {
 	srv  *http.Server
+	ln   net.Listener // handed to a successor (handover.go)
 	done chan struct{}
 }
 
-func startMetrics(addr string, h http.Handler, log *slog.Logger) (*metricsServer, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
+// startMetrics serves on ln when given (inherited in a restart handover),
+// else on a new listener on addr.
+func startMetrics(addr string, ln net.Listener, h http.Handler, log *slog.Logger) (*metricsServer, error) {
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			return nil, err
+		}
 	}
 	m := &metricsServer{
 		srv:  &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)},
+		ln:   ln,
 		done: make(chan struct{}),
 	}
 	log.Info("metrics listening", "addr", ln.Addr().String(), "paths", "/metrics /readyz /livez /debug/pprof/")
@@ -74,4 +80,19 @@ func (m *metricsServer) stop() {
 		m.srv.Close()
 	}
 	<-m.done
+}
+
+// reloadCollector exports the SIGHUP reloads by result (reload.go).
+type reloadCollector struct{ p *proxy }
+
+var descReloads = prometheus.NewDesc("cidroute_config_reloads_total",
+	"SIGHUP reloads of the configuration file, by result: applied (all of it), partial (keys that need a restart handover refused, or a change that failed; the rest applied), invalid (the file was refused; nothing changed).",
+	[]string{"result"}, nil)
+
+func (c reloadCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descReloads }
+
+func (c reloadCollector) Collect(ch chan<- prometheus.Metric) {
+	for r, name := range reloadResults {
+		ch <- prometheus.MustNewConstMetric(descReloads, prometheus.CounterValue, float64(c.p.reloads[r].Load()), name)
+	}
 }

@@ -2,7 +2,9 @@ package proxyapp
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,11 +19,21 @@ import (
 // pipeline keeps routing on the last snapshot.
 type proxy struct {
 	log   *slog.Logger
+	opts  Options
 	pipe  *cidroute.Pipeline
 	regs  *proxyconfig.Registries
-	names []string    // the services, in the file's order
 	accel Accelerator // the XDP fast path, or nil (xdp.go)
 
+	namesMu sync.Mutex
+	names   []string // the services, in the file's order, then those reloads added
+
+	// cur is the configuration running (reload.go), changed by reloads
+	// only, which run one at a time.
+	cur     *proxyconfig.Config
+	reloads [numReloadResults]atomic.Uint64
+
+	runCtx      context.Context // the process's signal context: reads of key files stop with it
+	sourcesCtx  context.Context // of the sources and the fast path, until close
 	stopSources context.CancelFunc
 	sources     sync.WaitGroup
 	stopping    atomic.Bool // set by close: /readyz and /livez fail (health.go)
@@ -32,46 +44,97 @@ type proxy struct {
 var cidKeysPoll = time.Second
 
 // newProxy builds the registries and the pipeline (which opens every
-// socket, so a busy port fails here) and starts the sources. start
-// cancels the reads of the start-up (the CID key files).
-func newProxy(start context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts Options) (*proxy, error) {
-	p := &proxy{log: log}
+// socket, so a busy port fails here, or serves those a predecessor handed
+// over: opts.inherit) and starts the sources. The XDP fast path starts
+// here too, except in a handover, where startAccel attaches it once the
+// predecessor has detached its own.
+func newProxy(run context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts Options) (*proxy, error) {
+	p := &proxy{log: log, opts: opts, cur: cfg, runCtx: run}
 	ctx, cancel := context.WithCancel(context.Background())
-	p.stopSources = cancel
-	regs, err := cfg.Build(proxyconfig.Options{Logger: log, Kubernetes: opts.Kubernetes, Join: opts.join, KeysPoll: cidKeysPoll, Context: start})
+	p.sourcesCtx, p.stopSources = ctx, cancel
+	regs, err := cfg.Build(p.configOptions())
 	if err != nil {
 		cancel()
+		opts.inherit.closeRest()
 		return nil, err
 	}
 	p.regs = regs
 	for _, s := range cfg.Services {
 		p.names = append(p.names, s.Name)
 	}
-	pc := cidroute.Config{Services: regs.Services(), Logger: log, Wait: cfg.Wait}
+	defs := regs.Services()
+	opts.inherit.adopt(defs, regs, log)
+	pc := cidroute.Config{Services: defs, Logger: log, Wait: cfg.Wait}
 	pipe, err := cidroute.New(pc)
 	if err != nil {
 		p.close()
 		return nil, err
 	}
 	p.pipe = pipe
-	if err := p.startXDP(cfg, pc, opts, log); err != nil {
-		p.close()
-		return nil, err
-	}
-	p.runXDP(ctx)
 	p.sources.Add(1)
 	go func() {
 		defer p.sources.Done()
 		regs.Run(ctx)
 	}()
+	if opts.inherit == nil {
+		if err := p.startAccel(ctx); err != nil {
+			p.close()
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
-// run serves until ctx is done, then stops the sources.
-func (p *proxy) run(ctx context.Context) error {
-	err := p.pipe.Run(ctx)
-	p.close()
-	return err
+// startAccel attaches and runs the XDP fast path of p.cur, if any.
+func (p *proxy) startAccel(ctx context.Context) error {
+	defs := p.regs.Services()
+	if err := p.startXDP(p.cur, cidroute.Config{Services: defs, Logger: p.log}, p.opts, p.log); err != nil {
+		return err
+	}
+	p.runXDP(ctx)
+	return nil
+}
+
+func (p *proxy) sourcesContext() context.Context { return p.sourcesCtx }
+
+// configOptions are the proxyconfig options of Build, Apply and
+// AddService.
+func (p *proxy) configOptions() proxyconfig.Options {
+	return proxyconfig.Options{Logger: p.log, Kubernetes: p.opts.Kubernetes, Join: p.opts.join, KeysPoll: cidKeysPoll, Context: p.runCtx}
+}
+
+// serviceNames returns the services, in order.
+func (p *proxy) serviceNames() []string {
+	p.namesMu.Lock()
+	defer p.namesMu.Unlock()
+	return slices.Clone(p.names)
+}
+
+// logFinal writes each service's final counters, the identity of this
+// process's life (a restart handover's test reads them).
+func (p *proxy) logFinal() {
+	for _, s := range p.pipe.Stats() {
+		for _, d := range []struct {
+			name string
+			c    cidroute.Counters
+		}{{"forward", s.Forward}, {"reverse", s.Reverse}} {
+			p.log.Info("final counters", "service", s.Name, "direction", d.name, "received", d.c.Received,
+				"forwarded", d.c.Forwarded, "dropped", d.c.DroppedTotal(), "balanced", d.c.Balanced(), "drops", dropSummary(&d.c))
+		}
+	}
+}
+
+func dropSummary(c *cidroute.Counters) string {
+	out := ""
+	for r := cidroute.Reason(1); r < cidroute.NumReasons; r++ {
+		if n := c.Dropped[r]; n > 0 {
+			if out != "" {
+				out += ","
+			}
+			out += fmt.Sprintf("%s:%d", r, n)
+		}
+	}
+	return out
 }
 
 // sourceStopWait bounds how long close waits for the sources and the XDP
@@ -102,7 +165,3 @@ func (p *proxy) close() {
 	}
 	p.regs.Close()
 }
-
-// reload asks every file source, and every CID key file, to read its file
-// now (SIGHUP).
-func (p *proxy) reload() { p.regs.Reload() }
