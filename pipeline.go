@@ -160,7 +160,7 @@ func New(cfg Config) (*Pipeline, error) {
 	if cfg.BatchSize < 1 || cfg.BatchSize > 1024 || cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535 {
 		return fail(fmt.Errorf("batch size %d, max datagram %d: %w", cfg.BatchSize, cfg.MaxDatagram, ErrConfig))
 	}
-	if cfg.Wait > WaitBlocking {
+	if cfg.Wait > WaitThread {
 		return fail(fmt.Errorf("wait mode %d: %w", cfg.Wait, ErrConfig))
 	}
 	p := &Pipeline{log: cfg.Logger, cfg: cfg, serving: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
@@ -503,25 +503,27 @@ func (p *Pipeline) newWorker(s *service, in, up *net.UDPConn) (*worker, error) {
 		}
 		return nil, err
 	}
-	if cfg.Wait == WaitBlocking {
-		w.blocking = w.in.SetBlocking() == nil // else the netpoller (not Linux)
-	}
 	rp := &replies{router: s.router, own: &p.own, out: w.in}
 	w.rp, w.lenLog = rp, &s.lenLog
 	if sc.Transparent {
 		w.up = newSessionTable(rp, sc.MaxSessions, sc.SessionIdle, cfg.MaxDatagram)
-		return w, nil
-	}
-	if up == nil {
-		lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
-		ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
-		if err != nil {
+	} else {
+		if up == nil {
+			lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}
+			ups, err := udpio.ListenGroup("udp", ":0", 1, lc)
+			if err != nil {
+				w.in.Close()
+				return nil, fmt.Errorf("upstream socket: %w", err)
+			}
+			up = ups[0]
+		}
+		if w.up, err = newSharedUpstream(rp, up, cfg.BatchSize, cfg.MaxDatagram); err != nil {
+			w.in.Close()
 			return nil, fmt.Errorf("upstream socket: %w", err)
 		}
-		up = ups[0]
 	}
-	if w.up, err = newSharedUpstream(rp, up, cfg.BatchSize, cfg.MaxDatagram, w.blocking); err != nil {
-		return nil, fmt.Errorf("upstream socket: %w", err)
+	if cfg.Wait == WaitThread {
+		w.thread() // false off Linux: the worker stays on the netpoller
 	}
 	return w, nil
 }
@@ -754,8 +756,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	start := func(s *service) {
 		p.raiseProcs()
 		for _, w := range s.workers {
-			run(w.forwardLoop)
-			run(w.up.serve)
+			for _, loop := range w.loops() {
+				run(loop)
+			}
 		}
 		p.log.Info("service started", "service", s.cfg.Name, "protocol", s.cfg.Protocol,
 			"listen", s.cfg.Listen, "workers", len(s.workers), "cid_len", s.router.codec.Len())
@@ -813,20 +816,20 @@ func (p *Pipeline) Run(ctx context.Context) error {
 // its predecessor to stop reading the sockets they share.
 func (p *Pipeline) Serving() <-chan struct{} { return p.serving }
 
-// raiseProcs gives every thread that WaitBlocking locks a P of its own,
-// and one for the rest of the process (see WaitBlocking).
+// raiseProcs gives every thread that WaitThread locks, this Pipeline's and
+// any other's in the process, a P of its own, and one for the rest of the
+// process (see WaitThread). It never lowers GOMAXPROCS.
 func (p *Pipeline) raiseProcs() {
-	locked := 0
-	for _, s := range p.services {
-		for _, w := range s.workers {
-			locked += w.lockedThreads()
-		}
-	}
+	procsMu.Lock()
+	defer procsMu.Unlock()
+	locked := int(threads.Load())
 	if cur := runtime.GOMAXPROCS(0); locked > 0 && cur <= locked {
 		runtime.GOMAXPROCS(locked + 1)
-		p.log.Info("GOMAXPROCS raised for the blocking workers' threads", "from", cur, "to", locked+1)
+		p.log.Info("GOMAXPROCS raised for the workers' threads", "from", cur, "to", locked+1)
 	}
 }
+
+var procsMu sync.Mutex // one GOMAXPROCS change at a time
 
 // Close stops a running pipeline and waits until Run has returned, or
 // closes the sockets of one that never ran. It is idempotent and returns
@@ -868,7 +871,7 @@ func (p *Pipeline) drainOut(svcs []*service, ctx context.Context) {
 	for _, s := range svcs {
 		transparent = transparent || s.cfg.Transparent
 		for _, w := range s.workers {
-			wakeReader(w.conn, w.in, w.blocking)
+			w.stopReading()
 			if !s.cfg.Transparent {
 				w.up.wake()
 			}

@@ -24,7 +24,7 @@ func TestKernelDropsAndBatches(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the kernel's drop count is read on Linux (SO_MEMINFO)")
 	}
-	for _, wait := range []WaitMode{WaitNetpoller, WaitBlocking} {
+	for _, wait := range []WaitMode{WaitNetpoller, WaitThread} {
 		t.Run(wait.String(), func(t *testing.T) {
 			testWait = wait
 			t.Cleanup(func() { testWait = WaitNetpoller })

@@ -241,9 +241,10 @@ func (t *sessionTable) close() {
 
 func (t *sessionTable) addrs() []netip.AddrPort { return nil }
 
-// blocking is false: the table's goroutine waits on a ticker, and each
-// session's socket on the netpoller.
-func (t *sessionTable) blocking() bool { return false }
+// replyConn is nil: each session's goroutine relays its own replies.
+func (t *sessionTable) replyConn() *udpio.Conn { return nil }
+
+func (t *sessionTable) relayBatch() (int, error, error) { return 0, nil, nil }
 
 // kernelDrops is 0: the sessions' sockets come and go, and are not
 // counted.

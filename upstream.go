@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cidroute/cidroute/udpio"
 )
@@ -20,7 +20,6 @@ type sharedUpstream struct {
 	io            *udpio.Conn
 	rp            *replies
 	revIn, revOut []udpio.Message
-	block         bool // serve blocks a locked thread (WaitBlocking)
 }
 
 // newSharedUpstream serves the upstream socket conn, which newWorker binds
@@ -33,16 +32,13 @@ type sharedUpstream struct {
 // physical sender is a backend (the reverse rule), and the port is in
 // the process's own addresses, where neither rule sends.
 // conn is closed on failure.
-func newSharedUpstream(rp *replies, conn *net.UDPConn, batch, maxDatagram int, blocking bool) (*sharedUpstream, error) {
+func newSharedUpstream(rp *replies, conn *net.UDPConn, batch, maxDatagram int) (*sharedUpstream, error) {
 	u := &sharedUpstream{conn: conn, rp: rp,
 		revIn: rxMessages(batch, maxDatagram), revOut: make([]udpio.Message, batch)}
 	var err error
 	if u.io, err = udpio.NewConn(u.conn, batch); err != nil {
 		u.conn.Close()
 		return nil, err
-	}
-	if blocking {
-		u.block = u.io.SetBlocking() == nil
 	}
 	return u, nil
 }
@@ -53,25 +49,30 @@ func (u *sharedUpstream) send(out []udpio.Message, _ []Session, c *Counters) err
 
 // serve relays backends' replies to clients until shutdown.
 func (u *sharedUpstream) serve() error {
-	if u.block {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-	}
 	for {
-		n, err := u.io.ReadBatch(u.revIn)
-		if err != nil {
-			return ended(err)
+		_, rerr, err := u.relayBatch()
+		if rerr != nil {
+			return ended(rerr)
 		}
-		if err := u.rp.relay(u.revIn[:n], u.revOut, Session{}); err != nil {
+		if err != nil {
 			return err
 		}
 	}
 }
 
-func (u *sharedUpstream) wake()               { wakeReader(u.conn, u.io, u.block) }
-func (u *sharedUpstream) close()              { u.io.Close() }
-func (u *sharedUpstream) blocking() bool      { return u.block }
-func (u *sharedUpstream) kernelDrops() uint64 { return kernelDrops(u.io) }
+// relayBatch relays one batch of replies to their clients.
+func (u *sharedUpstream) relayBatch() (n int, rerr, err error) {
+	n, rerr = u.io.ReadBatch(u.revIn)
+	if rerr != nil {
+		return 0, rerr, nil
+	}
+	return n, nil, u.rp.relay(u.revIn[:n], u.revOut, Session{})
+}
+
+func (u *sharedUpstream) replyConn() *udpio.Conn { return u.io }
+func (u *sharedUpstream) wake()                  { u.conn.SetReadDeadline(time.Unix(1, 0)) }
+func (u *sharedUpstream) close()                 { u.io.Close() }
+func (u *sharedUpstream) kernelDrops() uint64    { return kernelDrops(u.io) }
 
 func (u *sharedUpstream) addrs() []netip.AddrPort {
 	return []netip.AddrPort{u.conn.LocalAddr().(*net.UDPAddr).AddrPort()}

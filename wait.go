@@ -11,47 +11,50 @@ const (
 	// suits a Pipeline embedded beside other work, and any number of
 	// services.
 	WaitNetpoller WaitMode = iota
-	// WaitBlocking runs each worker's forward loop, and in PPv2 mode its
-	// reply loop, on an OS thread of its own, blocked in recvmmsg until a
-	// datagram arrives (udpio.Conn.SetBlocking). One syscall per batch
-	// instead of the netpoller's would-block, epoll_wait and thread
-	// handoff: below saturation, where a batch holds a datagram or two,
-	// that is most of the proxy's own CPU per datagram. It holds those
-	// threads for the Pipeline's life, and Run raises GOMAXPROCS above
-	// their number so that a thread returning from the kernel always finds
-	// a P (with too few, locked threads hand the Ps around through sysmon,
-	// in millisecond stalls). Linux only; elsewhere workers use the
-	// netpoller.
-	WaitBlocking
+	// WaitThread runs each worker on an OS thread of its own that waits
+	// in epoll_wait for both of the worker's sockets (udpio.Poller), the
+	// service socket and, in PPv2 mode, the upstream socket, and serves
+	// whichever has datagrams: one wait per wake-up, whichever direction
+	// woke it, no handoff between threads, and the sockets out of Go's
+	// netpoller (udpio.Conn.Detach), whose own waiting thread would
+	// otherwise wake for every datagram too. Below saturation, where a
+	// wake-up brings a datagram or two, that wake-up is most of a
+	// datagram's cost. It holds one thread per worker for the Pipeline's
+	// life, and Run raises GOMAXPROCS above their number so that a thread
+	// returning from the kernel always finds a P (with too few, locked
+	// threads hand the Ps around through sysmon, in millisecond stalls).
+	// A transparent worker's sessions still relay on the netpoller.
+	// Linux only; elsewhere workers use the netpoller.
+	WaitThread
 )
 
 func (m WaitMode) String() string {
 	switch m {
 	case WaitNetpoller:
 		return "netpoller"
-	case WaitBlocking:
-		return "blocking"
+	case WaitThread:
+		return "thread"
 	}
 	return "invalid"
 }
 
-// MarshalText implements encoding.TextMarshaler ("netpoller", "blocking").
+// MarshalText implements encoding.TextMarshaler ("netpoller", "thread").
 func (m WaitMode) MarshalText() ([]byte, error) {
-	if m > WaitBlocking {
+	if m > WaitThread {
 		return nil, fmt.Errorf("cidroute: wait mode %d: %w", m, ErrConfig)
 	}
 	return []byte(m.String()), nil
 }
 
-// UnmarshalText implements encoding.TextUnmarshaler ("netpoller", "blocking").
+// UnmarshalText implements encoding.TextUnmarshaler ("netpoller", "thread").
 func (m *WaitMode) UnmarshalText(b []byte) error {
 	switch string(b) {
 	case "netpoller":
 		*m = WaitNetpoller
-	case "blocking":
-		*m = WaitBlocking
+	case "thread":
+		*m = WaitThread
 	default:
-		return fmt.Errorf("cidroute: wait %q: want \"netpoller\" or \"blocking\": %w", b, ErrConfig)
+		return fmt.Errorf("cidroute: wait %q: want \"netpoller\" or \"thread\": %w", b, ErrConfig)
 	}
 	return nil
 }

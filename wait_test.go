@@ -11,10 +11,10 @@ import (
 )
 
 // TestPipelineBlocking runs the pipeline's tests again with every worker
-// in WaitBlocking mode: the same routing, counters and shutdown, whatever
+// in WaitThread mode: the same routing, counters and shutdown, whatever
 // the wait.
 func TestPipelineBlocking(t *testing.T) {
-	testWait = WaitBlocking
+	testWait = WaitThread
 	t.Cleanup(func() { testWait = WaitNetpoller })
 	for _, tc := range []struct {
 		name string
@@ -34,14 +34,14 @@ func TestPipelineBlocking(t *testing.T) {
 	}
 }
 
-// TestWaitBlockingHoldsThreads: on Linux a blocking PPv2 worker holds two
+// TestWaitThreadHoldsThreads: on Linux a blocking PPv2 worker holds two
 // locked threads (forward, replies), a transparent one one, and Run gives
 // each a P.
-func TestWaitBlockingHoldsThreads(t *testing.T) {
+func TestWaitThreadHoldsThreads(t *testing.T) {
 	if runtime.GOOS != "linux" {
-		t.Skip("WaitBlocking falls back to the netpoller off Linux")
+		t.Skip("WaitThread falls back to the netpoller off Linux")
 	}
-	testWait = WaitBlocking
+	testWait = WaitThread
 	t.Cleanup(func() { testWait = WaitNetpoller })
 	e := startEcho(t, 0)
 	bs := []registry.Backend{{Ordinal: 0, Addr: e.Addr(), State: registry.Ready}}
@@ -50,13 +50,18 @@ func TestWaitBlockingHoldsThreads(t *testing.T) {
 	c := newClient(t) // pp runs, and routes
 	require.Equal(t, 0, c.ask(pp.addr(), dtlsCIDRecord(ordinalCID(t, pp.router().Codec(), 0), 1, []byte("ping"))))
 	for _, w := range pp.p.services[0].workers {
-		assert.True(t, w.blocking)
-		assert.Equal(t, 2, w.lockedThreads())
+		require.NotNil(t, w.poll)
+		assert.Equal(t, 1, w.lockedThreads())
+		assert.Len(t, w.loops(), 1, "one loop serves both sockets")
 	}
 	for _, w := range tr.p.services[0].workers {
 		assert.Equal(t, 1, w.lockedThreads())
+		assert.Len(t, w.loops(), 2, "the thread and the session sweep")
 	}
-	require.Greater(t, runtime.GOMAXPROCS(0), 2*len(pp.p.services[0].workers))
+	<-pp.p.Serving()
+	<-tr.p.Serving()
+	require.Greater(t, runtime.GOMAXPROCS(0), len(pp.p.services[0].workers)+len(tr.p.services[0].workers),
+		"a P for every locked thread of the process, both pipelines'")
 
 	// The netpoller mode holds none.
 	testWait = WaitNetpoller
@@ -64,11 +69,12 @@ func TestWaitBlockingHoldsThreads(t *testing.T) {
 	require.Equal(t, 0, c.ask(np.addr(), dtlsCIDRecord(ordinalCID(t, np.router().Codec(), 0), 2, []byte("ping"))))
 	for _, w := range np.p.services[0].workers {
 		assert.Zero(t, w.lockedThreads())
+		assert.Len(t, w.loops(), 2)
 	}
 }
 
 func TestWaitModeText(t *testing.T) {
-	for _, m := range []WaitMode{WaitNetpoller, WaitBlocking} {
+	for _, m := range []WaitMode{WaitNetpoller, WaitThread} {
 		b, err := m.MarshalText()
 		require.NoError(t, err)
 		var back WaitMode

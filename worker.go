@@ -34,7 +34,10 @@ type worker struct {
 	from          []Session // the client of fwdOut[i], and where it sent
 	fwd           liveCounters
 
-	blocking bool // the service socket is in blocking mode (WaitBlocking)
+	// poll is the Poller of WaitThread: the worker's one loop waits in it
+	// for the service socket and, in PPv2 mode, the upstream socket; nil
+	// with the netpoller.
+	poll *udpio.Poller
 }
 
 // An upstream is the worker's side towards the backends, chosen when the
@@ -45,8 +48,16 @@ type upstream interface {
 	// from[i]. It counts each datagram into c.
 	send(out []udpio.Message, from []Session, c *Counters) error
 	// serve relays replies to clients until wake or close; it returns nil
-	// after a shutdown.
+	// after a shutdown. In WaitThread mode the shared upstream's replies
+	// are relayed by the worker's thread instead (relayBatch), and serve
+	// only runs transparent mode's session sweep.
 	serve() error
+	// replyConn is the socket replies arrive on, for the worker's Poller
+	// (nil for transparent sessions, whose goroutines relay them), and
+	// relayBatch relays one batch from it: the read's error (ErrWouldBlock
+	// when none was queued) and the send's.
+	replyConn() *udpio.Conn
+	relayBatch() (n int, rerr, err error)
 	// wake makes serve return without closing anything, so that batches
 	// in flight are still sent.
 	wake()
@@ -57,9 +68,6 @@ type upstream interface {
 	addrs() []netip.AddrPort
 	// sessions returns the number of transparent sessions.
 	sessions() int
-	// blocking reports whether serve blocks a locked thread in the
-	// kernel (WaitBlocking).
-	blocking() bool
 	// kernelDrops is what the kernel dropped on the sockets that
 	// receive replies (none counted for transparent sessions).
 	kernelDrops() uint64
@@ -93,53 +101,146 @@ func rxMessages(n, size int) []udpio.Message {
 // forwardLoop moves client datagrams to backends until the socket is
 // closed or its read deadline passes (shutdown).
 func (w *worker) forwardLoop() error {
-	if w.blocking {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-	}
 	var c Counters
 	for {
-		n, err := w.in.ReadBatch(w.fwdIn)
-		if err != nil {
-			return ended(err)
-		}
-		v := View{Snapshot: w.router.backends.Snapshot(), Stale: w.router.backends.Stale(),
-			Own: w.own.Load(), Admission: w.adm.Load()}
-		if v.Admission != nil {
-			v.Now = time.Now().UnixNano() // once per batch, and only with limits
-		}
-		c.batch(n)
-		seenLen := 0 // the length of a CID dropped as CIDLength
-		out := w.fwdOut[:0]
-		for i := range w.fwdIn[:n] {
-			m := &w.fwdIn[i]
-			if m.Err != nil {
-				c.Dropped[Malformed]++ // larger than MaxDatagram
-				continue
-			}
-			o := &w.fwdOut[len(out)]
-			d, hdr := w.router.Forward(o.Prefix[:0], m.Buf[:m.N], m.Addr, m.Local, &v)
-			if d.Reason != Forwarded {
-				c.Dropped[d.Reason]++
-				if d.Reason == CIDLength {
-					seenLen = len(d.Class.ID)
-				}
-				continue
-			}
-			o.Prefix, o.Buf, o.Addr, o.Local = hdr, m.Buf[:m.N], d.Backend, netip.Addr{}
-			w.from[len(out)] = Session{Client: m.Addr, Local: m.Local}
-			out = out[:len(out)+1]
-		}
-		err = w.up.send(out, w.from, &c)
-		w.fwd.flush(&c)
-		if seenLen != 0 && w.lenLog != nil {
-			w.lenLog.note(seenLen)
+		_, rerr, err := w.forwardBatch(&c)
+		if rerr != nil {
+			return ended(rerr)
 		}
 		if err != nil {
 			return err
 		}
 	}
 }
+
+// threadLoop is the WaitThread worker: one locked OS thread waits in the
+// worker's Poller, whichever of its sockets has datagrams, and forwards or
+// relays them, batch after batch while batches come back full (a shorter
+// one has emptied the queue as far as it went; the level-triggered Poller
+// reports what arrived since), until Wake.
+func (w *worker) threadLoop() error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var c Counters
+	ready := make([]bool, 2)
+	full := len(w.fwdIn)
+	for {
+		woken, err := w.poll.Wait(ready[:w.polled()])
+		if woken || err != nil {
+			return err
+		}
+		for ready[0] {
+			n, rerr, err := w.forwardBatch(&c)
+			if rerr != nil && !errors.Is(rerr, udpio.ErrWouldBlock) {
+				return ended(rerr)
+			}
+			if err != nil {
+				return err
+			}
+			ready[0] = n == full
+		}
+		for w.polled() == 2 && ready[1] {
+			n, rerr, err := w.up.relayBatch()
+			if rerr != nil && !errors.Is(rerr, udpio.ErrWouldBlock) {
+				return ended(rerr)
+			}
+			if err != nil {
+				return err
+			}
+			ready[1] = n == full
+		}
+	}
+}
+
+// polled is the number of the worker's sockets in its Poller.
+func (w *worker) polled() int {
+	if w.up.replyConn() != nil {
+		return 2
+	}
+	return 1
+}
+
+// forwardBatch reads one batch of client datagrams and sends those the
+// forward rule routes; it returns the read's error (the loop's end, or
+// ErrWouldBlock) and the send's.
+func (w *worker) forwardBatch(c *Counters) (n int, rerr, err error) {
+	n, rerr = w.in.ReadBatch(w.fwdIn)
+	if rerr != nil {
+		return 0, rerr, nil
+	}
+	v := View{Snapshot: w.router.backends.Snapshot(), Stale: w.router.backends.Stale(),
+		Own: w.own.Load(), Admission: w.adm.Load()}
+	if v.Admission != nil {
+		v.Now = time.Now().UnixNano() // once per batch, and only with limits
+	}
+	c.batch(n)
+	seenLen := 0 // the length of a CID dropped as CIDLength
+	out := w.fwdOut[:0]
+	for i := range w.fwdIn[:n] {
+		m := &w.fwdIn[i]
+		if m.Err != nil {
+			c.Dropped[Malformed]++ // larger than MaxDatagram
+			continue
+		}
+		o := &w.fwdOut[len(out)]
+		d, hdr := w.router.Forward(o.Prefix[:0], m.Buf[:m.N], m.Addr, m.Local, &v)
+		if d.Reason != Forwarded {
+			c.Dropped[d.Reason]++
+			if d.Reason == CIDLength {
+				seenLen = len(d.Class.ID)
+			}
+			continue
+		}
+		o.Prefix, o.Buf, o.Addr, o.Local = hdr, m.Buf[:m.N], d.Backend, netip.Addr{}
+		w.from[len(out)] = Session{Client: m.Addr, Local: m.Local}
+		out = out[:len(out)+1]
+	}
+	err = w.up.send(out, w.from, c)
+	w.fwd.flush(c)
+	if seenLen != 0 && w.lenLog != nil {
+		w.lenLog.note(seenLen)
+	}
+	return n, nil, err
+}
+
+// loops are the worker's goroutines: the forward loop and the upstream's
+// reply loop, or in WaitThread mode the thread's loop (and transparent
+// mode's session sweep).
+func (w *worker) loops() []func() error {
+	if w.poll == nil {
+		return []func() error{w.forwardLoop, w.up.serve}
+	}
+	if w.up.replyConn() != nil {
+		return []func() error{w.threadLoop}
+	}
+	return []func() error{w.threadLoop, w.up.serve}
+}
+
+// thread puts the worker on a thread of its own (WaitThread): its sockets
+// leave the netpoller for a Poller. false when the platform has none; the
+// worker then stays on the netpoller.
+func (w *worker) thread() bool {
+	conns := []*udpio.Conn{w.in}
+	if u := w.up.replyConn(); u != nil {
+		conns = append(conns, u)
+	}
+	for _, c := range conns {
+		if c.Detach() != nil {
+			return false // not Linux: nothing was detached
+		}
+	}
+	p, err := udpio.NewPoller(conns...)
+	if err != nil {
+		return false
+	}
+	w.poll = p
+	threads.Add(1)
+	return true
+}
+
+// threads counts the WaitThread workers of the process, every Pipeline's:
+// each holds a locked thread, and GOMAXPROCS must stay above their number.
+var threads atomic.Int32
 
 // ended maps the read error that ends a loop: a shutdown is not an error.
 func ended(err error) error {
@@ -149,21 +250,22 @@ func ended(err error) error {
 	return fmt.Errorf("receive: %w", err)
 }
 
-// wake makes both loops return soon, without closing a socket.
+// wake makes the loops return soon, without closing a socket: batches in
+// flight are still sent.
 func (w *worker) wake() {
-	wakeReader(w.conn, w.in, w.blocking)
+	w.stopReading()
 	w.up.wake()
 }
 
-// wakeReader makes a loop reading in from c return: a read deadline in
-// the past wakes a goroutine parked on the netpoller, a shutdown one
-// blocked in the kernel.
-func wakeReader(c *net.UDPConn, in *udpio.Conn, blocking bool) {
-	if blocking {
-		in.Shutdown()
+// stopReading ends the reads of the service socket and, with WaitThread,
+// of the upstream socket too (the same thread reads both). It leaves the
+// sockets as they are, which a successor in a restart handover shares.
+func (w *worker) stopReading() {
+	if w.poll != nil {
+		w.poll.Wake()
 		return
 	}
-	c.SetReadDeadline(time.Unix(1, 0))
+	w.conn.SetReadDeadline(time.Unix(1, 0))
 }
 
 // kernelDrops reads the kernel's drop count of socket c (0 where the
@@ -175,14 +277,10 @@ func kernelDrops(c syscall.Conn) uint64 {
 
 // lockedThreads is the number of OS threads the worker's loops hold.
 func (w *worker) lockedThreads() int {
-	n := 0
-	if w.blocking {
-		n++
+	if w.poll != nil {
+		return 1
 	}
-	if w.up.blocking() {
-		n++
-	}
-	return n
+	return 0
 }
 
 // close closes the upstream (ending transparent sessions), then the
@@ -190,6 +288,10 @@ func (w *worker) lockedThreads() int {
 func (w *worker) close() {
 	w.up.close()
 	w.in.Close()
+	if w.poll != nil {
+		w.poll.Close()
+		threads.Add(-1)
+	}
 }
 
 // lengthWarnEvery is how often a service logs that its datagrams carry

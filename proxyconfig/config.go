@@ -72,8 +72,9 @@ type Config struct {
 	MetricsListen string     // metrics_listen; "" = no metrics endpoint
 	LogLevel      slog.Level // log_level
 	// Wait ("wait") is how the pipeline's workers wait for datagrams:
-	// "blocking" (the default here: each loop on a locked thread, blocked
-	// in recvmmsg, the cheapest wake-up) or "netpoller".
+	// "thread" (the default here: each worker on a locked thread that
+	// waits in epoll_wait for both of its sockets, the cheapest wake-up)
+	// or "netpoller".
 	Wait cidroute.WaitMode
 	// XDPInterfaces (xdp_interfaces) are the interfaces of the XDP fast
 	// path: distinct names, not checked against the host. Attaching is the
@@ -199,7 +200,7 @@ func Parse(r io.Reader) (*Config, error) {
 	default:
 		return nil, fmt.Errorf("log_level %q: want debug, info, warn or error", fc.LogLevel)
 	}
-	cfg.Wait = cidroute.WaitBlocking
+	cfg.Wait = cidroute.WaitThread
 	if fc.Wait != "" {
 		if err := cfg.Wait.UnmarshalText([]byte(fc.Wait)); err != nil {
 			return nil, fmt.Errorf("wait: %w", err)

@@ -31,7 +31,7 @@ func TestParseConfigGood(t *testing.T) {
 	}{
 		{"defaults", withServices(`{` + svc + `}`), func(t *testing.T, c *Config) {
 			require.Equal(t, slog.LevelInfo, c.LogLevel)
-			require.Equal(t, cidroute.WaitBlocking, c.Wait)
+			require.Equal(t, cidroute.WaitThread, c.Wait)
 			require.Equal(t, uint64(0), c.Seed)
 			require.Empty(t, c.MetricsListen)
 			s := c.Services[0]

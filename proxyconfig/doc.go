@@ -22,7 +22,7 @@
 //	  "hrw_seed": 7205759403792793,       // the same on every replica
 //	  "metrics_listen": "127.0.0.1:9184", // for the program; absent = none
 //	  "log_level": "info",                // debug, info, warn, error
-//	  "wait": "blocking",                 // or "netpoller" (cidroute.WaitMode)
+//	  "wait": "thread",                   // or "netpoller" (cidroute.WaitMode)
 //	  "xdp_interfaces": ["eth0"],         // for the program (module cidroute/xdp)
 //	  "services": [{
 //	    "name": "coaps", "protocol": "dtls", "listen": "0.0.0.0:5684",

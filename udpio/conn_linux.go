@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -34,101 +35,102 @@ const ctrlSize = 64
 // method may be called concurrently with itself.
 type Conn struct {
 	udp   *net.UDPConn
-	file  *os.File // the socket's own descriptor after SetBlocking
-	v6    bool     // AF_INET6 socket (possibly dual-stack)
+	fd    *ownFD // the socket's own descriptor after Detach
+	v6    bool   // AF_INET6 socket (possibly dual-stack)
 	batch int
 	rx    mmsgState
 	tx    mmsgState
 	txIdx []int // tx.hs[j] carries ms[txIdx[j]]
 }
 
-// SetBlocking puts the socket in blocking mode for the rest of its life:
-// ReadBatch then waits in the kernel, in one recvmmsg with MSG_WAITFORONE,
-// and WriteBatch in sendmmsg, each holding the calling goroutine's OS
-// thread, instead of parking the goroutine on Go's netpoller after an
-// EAGAIN. Where batches are short (a datagram or two per wake-up, the
-// usual case below saturation) that saves the netpoller's share of every
-// wake-up: the failed recvmmsg, epoll_wait and the handoff between
-// threads.
-//
-// The socket also leaves the netpoller: the Conn moves to a duplicate of
-// its descriptor and closes the UDPConn, whose descriptor the runtime's
+// Detach takes the socket out of Go's netpoller, for a caller that waits
+// for it on a thread of its own (a Poller): the Conn moves to a duplicate
+// of its descriptor and closes the UDPConn, whose descriptor the runtime's
 // epoll set holds. Left there, every datagram would also wake the thread
 // that waits in epoll_wait for the rest of the process (measured with
-// cidproxy at 25,000 datagrams/s: 0.4 epoll_pwait calls per datagram, gone
-// with the UDPConn closed). From then on the Conn owns the socket: Close
-// it with Conn.Close; the UDPConn's LocalAddr still answers.
+// cidproxy at 25,000 datagrams/s: 0.4 epoll_pwait calls per datagram
+// beside the reader's own wake-up). The socket's file status is not
+// changed, so another process holding it (a restart handover's
+// successor) is not affected.
 //
-// Call it before the first ReadBatch, and call ReadBatch from a goroutine
-// locked to its thread (runtime.LockOSThread) with GOMAXPROCS above the
-// number of threads so blocked, so that each has a P to return to. Read
-// deadlines no longer apply; Shutdown wakes a blocked ReadBatch.
-func (c *Conn) SetBlocking() error {
-	if c.file != nil {
+// From then on ReadBatch does not wait: it returns ErrWouldBlock at once
+// when nothing is queued. WriteBatch waits in poll(2) while the send buffer
+// is full. The Conn owns the socket: Close it with Conn.Close, after every
+// call on it has returned; the UDPConn's LocalAddr still answers.
+func (c *Conn) Detach() error {
+	if c.fd != nil {
 		return nil
 	}
 	var nfd int
 	var serr error
-	err := c.rx.raw.Control(func(fd uintptr) {
-		if nfd, serr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0); serr == nil {
-			if serr = unix.SetNonblock(nfd, false); serr != nil {
-				unix.Close(nfd)
-			}
-		}
-	})
+	err := c.rx.raw.Control(func(fd uintptr) { nfd, serr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) })
 	if err = errors.Join(err, serr); err != nil {
-		return fmt.Errorf("udpio: blocking mode: %w", err)
+		return fmt.Errorf("udpio: detach: %w", err)
 	}
-	// A blocking descriptor makes a File the runtime does not poll.
-	f := os.NewFile(uintptr(nfd), "udp")
-	raw, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return fmt.Errorf("udpio: blocking mode: %w", err)
-	}
-	c.file = f
-	c.rx.raw, c.tx.raw = raw, raw
-	c.rx.flags = unix.MSG_WAITFORONE
+	c.fd = &ownFD{fd: nfd}
+	c.rx.raw, c.tx.raw = c.fd, c.fd
+	c.rx.call, c.tx.call = c.rx.direct, c.tx.direct
 	c.udp.Close()
 	return nil
 }
 
+// errShutdown is what ReadBatch returns once shutdown(2) ended the
+// socket's reception.
+var errShutdown = fmt.Errorf("udpio: socket shut down: %w", net.ErrClosed)
+
 // SyscallConn gives access to the socket the Conn does its IO on (the
-// UDPConn's, or its own after SetBlocking), for options such as
-// KernelDrops.
+// UDPConn's, or its own after Detach), for options such as KernelDrops and
+// for passing the descriptor to another process.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rx.raw, nil }
 
-// Close closes the socket: the UDPConn, or after SetBlocking the Conn's
-// own descriptor. A ReadBatch blocked in the kernel returns only after
-// Shutdown.
+// Close closes the socket: the UDPConn, or after Detach the Conn's own
+// descriptor.
 func (c *Conn) Close() error {
-	if c.file != nil {
-		return c.file.Close()
+	if c.fd != nil {
+		return c.fd.close()
 	}
 	return c.udp.Close()
 }
 
-// Shutdown ends reception on the socket (shutdown with SHUT_RD): a
-// ReadBatch blocked in the kernel returns, datagrams already queued are
-// still delivered, and then ReadBatch fails with an error wrapping
-// net.ErrClosed. Sending is not affected, so replies in flight still go
-// out; the socket stays open until its UDPConn is closed.
-func (c *Conn) Shutdown() error {
-	var serr error
-	err := c.rx.raw.Control(func(fd uintptr) { serr = unix.Shutdown(int(fd), unix.SHUT_RD) })
-	// An unconnected UDP socket reports ENOTCONN, yet the kernel has
-	// marked it shut and woken its readers.
-	if errors.Is(serr, unix.ENOTCONN) {
-		serr = nil
+// ownFD is a detached Conn's descriptor, outside the netpoller, as a
+// syscall.RawConn: Read and Write call their function once, Control runs
+// it unless the descriptor is closed (so that a late Stats never reads
+// a number the kernel gave to another file).
+type ownFD struct {
+	mu     sync.RWMutex
+	fd     int
+	closed bool
+}
+
+var errFDClosed = fmt.Errorf("udpio: socket closed: %w", net.ErrClosed)
+
+func (o *ownFD) Control(f func(fd uintptr)) error {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	if o.closed {
+		return errFDClosed
 	}
-	if err = errors.Join(err, serr); err != nil {
-		return fmt.Errorf("udpio: shutdown: %w", err)
-	}
+	f(uintptr(o.fd))
 	return nil
 }
 
-// errShutdown is what ReadBatch returns after Shutdown.
-var errShutdown = fmt.Errorf("udpio: socket shut down: %w", net.ErrClosed)
+func (o *ownFD) Read(f func(fd uintptr) bool) error {
+	return o.Control(func(fd uintptr) { f(fd) })
+}
+
+func (o *ownFD) Write(f func(fd uintptr) bool) error {
+	return o.Control(func(fd uintptr) { f(fd) })
+}
+
+func (o *ownFD) close() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return errFDClosed
+	}
+	o.closed = true
+	return unix.Close(o.fd)
+}
 
 // mmsghdr is the kernel's struct mmsghdr. golang.org/x/sys has it only from
 // releases that require Go 1.25, and the core supports Go 1.24; Go lays
@@ -156,7 +158,6 @@ type mmsgState struct {
 	// method value bound once (no closure allocation per call).
 	raw   syscall.RawConn
 	trap  uintptr
-	flags uintptr // MSG_WAITFORONE on a blocking socket's receive
 	arg   []mmsghdr
 	n     int
 	errno syscall.Errno
@@ -245,9 +246,42 @@ func (s *mmsgState) run(hs []mmsghdr) (int, error) {
 	return s.n, nil
 }
 
+// direct performs one recvmmsg/sendmmsg on a detached socket, outside the
+// netpoller and whatever the descriptor's blocking flag (MSG_DONTWAIT): a
+// receive that would block reports ErrWouldBlock, a send waits in poll(2)
+// until the socket can take more.
+func (s *mmsgState) direct(hs []mmsghdr) (int, error) {
+	var n int
+	var errno syscall.Errno
+	err := s.raw.Control(func(fd uintptr) {
+		for {
+			r, _, e := unix.Syscall6(s.trap, fd, uintptr(unsafe.Pointer(&hs[0])), uintptr(len(hs)), unix.MSG_DONTWAIT, 0, 0)
+			switch {
+			case e == unix.EINTR:
+				continue
+			case e == unix.EAGAIN && s.trap == unix.SYS_SENDMMSG:
+				pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+				unix.Poll(pfd, 100) // then retry; a closed socket fails the send
+				continue
+			}
+			n, errno = int(r), e
+			return
+		}
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case errno == unix.EAGAIN:
+		return 0, ErrWouldBlock
+	case errno != 0:
+		return 0, errno
+	}
+	return n, nil
+}
+
 func (s *mmsgState) syscall(fd uintptr) bool {
 	for {
-		r, _, e := unix.Syscall6(s.trap, fd, uintptr(unsafe.Pointer(&s.arg[0])), uintptr(len(s.arg)), s.flags, 0, 0)
+		r, _, e := unix.Syscall6(s.trap, fd, uintptr(unsafe.Pointer(&s.arg[0])), uintptr(len(s.arg)), 0, 0, 0)
 		switch e {
 		case unix.EINTR:
 			continue
@@ -295,7 +329,7 @@ func (c *Conn) ReadBatch(ms []Message) (int, error) {
 		h := &rx.hs[i]
 		if h.Hdr.Namelen == 0 {
 			// Not a datagram (UDP always names its sender) but the
-			// end of reception after a shutdown; what came before it
+			// end of reception after shutdown(2); what came before it
 			// is delivered first.
 			if i == 0 {
 				return 0, errShutdown

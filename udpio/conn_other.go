@@ -37,15 +37,10 @@ func (c *Conn) ReadBatch(ms []Message) (int, error) { return c.p.readBatch(ms) }
 // per-datagram error reporting as on Linux.
 func (c *Conn) WriteBatch(ms []Message) (int, error) { return c.p.writeBatch(ms) }
 
-// SetBlocking is not supported on this platform: ReadBatch parks on the
-// netpoller. It returns an error wrapping ErrNotSupported and leaves the
-// Conn as it was.
-func (c *Conn) SetBlocking() error { return fmt.Errorf("blocking mode: %w", ErrNotSupported) }
-
-// Shutdown is not supported on this platform (there is no blocking mode
-// to wake); it returns an error wrapping ErrNotSupported. Close the
-// UDPConn, or set a read deadline, to end ReadBatch.
-func (c *Conn) Shutdown() error { return fmt.Errorf("shutdown: %w", ErrNotSupported) }
+// Detach is not supported on this platform (there is no Poller): Conns
+// wait on the netpoller. It returns an error wrapping ErrNotSupported and
+// leaves the Conn as it was.
+func (c *Conn) Detach() error { return fmt.Errorf("detach: %w", ErrNotSupported) }
 
 // SyscallConn gives access to the UDPConn's socket.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.p.c.SyscallConn() }

@@ -27,6 +27,10 @@ var (
 	// space instead, or use a plaintext codec.
 	ErrNoOrdinalByte = errors.New("udpio: the CID codec has no plaintext ordinal byte (encrypted CIDs); kernel steering cannot read it")
 
+	// ErrWouldBlock is what a detached Conn's ReadBatch returns when no
+	// datagram is queued (Conn.Detach).
+	ErrWouldBlock = errors.New("udpio: no datagram queued")
+
 	// ErrInUse is wrapped by ListenGroup when another socket already holds
 	// the address (with the syscall's EADDRINUSE): another process, or a
 	// SO_REUSEPORT group that this call did not create and was not allowed

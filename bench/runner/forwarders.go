@@ -31,8 +31,8 @@ type forwarder struct {
 }
 
 var forwarders = []forwarder{
-	{Name: "cidproxy-1w", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 1, "blocking") }},
-	{Name: "cidproxy-2w", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 2, "blocking") }},
+	{Name: "cidproxy-1w", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 1, "thread") }},
+	{Name: "cidproxy-2w", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 2, "thread") }},
 	// The netpoller wait, for the cost of waking up (issue 20).
 	{Name: "cidproxy-1w-np", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 1, "netpoller") }},
 	{Name: "raw", PPv2: true, start: func(e *env, b netip.AddrPort) (*process, error) {
