@@ -10,10 +10,10 @@ import (
 	"github.com/cidroute/cidroute/registry"
 )
 
-// TestPipelineBlocking runs the pipeline's tests again with every worker
+// TestPipelineThread runs the pipeline's tests again with every worker
 // in WaitThread mode: the same routing, counters and shutdown, whatever
 // the wait.
-func TestPipelineBlocking(t *testing.T) {
+func TestPipelineThread(t *testing.T) {
 	testWait = WaitThread
 	t.Cleanup(func() { testWait = WaitNetpoller })
 	for _, tc := range []struct {

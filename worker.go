@@ -115,41 +115,47 @@ func (w *worker) forwardLoop() error {
 
 // threadLoop is the WaitThread worker: one locked OS thread waits in the
 // worker's Poller, whichever of its sockets has datagrams, and forwards or
-// relays them, batch after batch while batches come back full (a shorter
-// one has emptied the queue as far as it went; the level-triggered Poller
-// reports what arrived since), until Wake.
+// relays them until Wake. The two sockets take turns a batch at a time,
+// so that a full client queue never starves the replies (nor replies the
+// clients); a socket whose batch came back short has been emptied as far
+// as it went, and the level-triggered Poller reports what arrived since.
 func (w *worker) threadLoop() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var c Counters
-	ready := make([]bool, 2)
+	ready := make([]bool, w.polled())
 	full := len(w.fwdIn)
 	for {
-		woken, err := w.poll.Wait(ready[:w.polled()])
+		woken, err := w.poll.Wait(ready)
 		if woken || err != nil {
 			return err
 		}
-		for ready[0] {
-			n, rerr, err := w.forwardBatch(&c)
-			if rerr != nil && !errors.Is(rerr, udpio.ErrWouldBlock) {
-				return ended(rerr)
+		for ready[0] || len(ready) == 2 && ready[1] {
+			if ready[0] {
+				n, rerr, err := w.forwardBatch(&c)
+				if err := loopErr(rerr, err); err != nil {
+					return err
+				}
+				ready[0] = n == full
 			}
-			if err != nil {
-				return err
+			if len(ready) == 2 && ready[1] {
+				n, rerr, err := w.up.relayBatch()
+				if err := loopErr(rerr, err); err != nil {
+					return err
+				}
+				ready[1] = n == full
 			}
-			ready[0] = n == full
-		}
-		for w.polled() == 2 && ready[1] {
-			n, rerr, err := w.up.relayBatch()
-			if rerr != nil && !errors.Is(rerr, udpio.ErrWouldBlock) {
-				return ended(rerr)
-			}
-			if err != nil {
-				return err
-			}
-			ready[1] = n == full
 		}
 	}
+}
+
+// loopErr is what ends a thread loop after a batch: a read error other
+// than an empty queue (ErrWouldBlock), or a send error.
+func loopErr(rerr, err error) error {
+	if rerr != nil && !errors.Is(rerr, udpio.ErrWouldBlock) {
+		return ended(rerr)
+	}
+	return err
 }
 
 // polled is the number of the worker's sockets in its Poller.
