@@ -92,11 +92,22 @@ struct svc_cfg {
 	struct addr listen;
 };
 
+// A backend's own is the forward rule's own-address test (Router.Forward's
+// OwnAddress) for its address, worked out by the loader, which writes the
+// snapshot again when the host's addresses or the services change: OWN_YES
+// at the service's public address, a service's listen address or a
+// wildcard service's port on this host; OWN_PASS at another address of this
+// host (an upstream port or a socket the program does not know: the
+// pipeline's own set decides).
+enum { OWN_NO = 0, OWN_YES = 1, OWN_PASS = 2 };
+
 struct backend {
 	__u8 ip[16];
 	__u16 port;
 	__u8 state;   // STATE_*
 	__u8 present; // 1 when the snapshot has this ordinal
+	__u8 own;     // OWN_*
+	__u8 pad;
 };
 
 // One registry snapshot. A new one goes into a new inner map that replaces
@@ -1236,39 +1247,6 @@ static __always_inline int is_local(const __u8 *ip)
 	return bpf_map_lookup_elem(&locals, (void *)ip) != NULL;
 }
 
-// own_backend is the forward rule's own-address test (Router.Forward's
-// OwnAddress) for a backend at ip, port: 1 when it is the service's public
-// address, a service's listen address, or a wildcard service's port on
-// this host; R_PASS when it is another address of this host (an upstream
-// port or a socket the program does not know: the pipeline's own set
-// decides); 0 when it is no address of this process.
-static __noinline int own_backend(struct svc_cfg *s, const __u8 *ip, __u16 port)
-{
-	if (port == s->pub.port && addr_eq(ip, s->pub.ip))
-		return 1;
-	struct svc_key k = {};
-	__builtin_memcpy(k.a.ip, ip, 16);
-	k.a.port = port;
-	if (bpf_map_lookup_elem(&services, &k))
-		return 1;
-	int v4 = is4(ip);
-	int host = unspecified(ip) || is_local(ip);
-	if (v4)
-		host |= ip[12] == 127;
-	else
-		host |= *(const __u64 *)ip == 0 && *(const __u64 *)(ip + 8) == bpf_cpu_to_be64(1);
-	if (!host)
-		return 0;
-	__builtin_memset(k.a.ip, 0, 16);
-	if (v4) {
-		k.a.ip[10] = 0xff;
-		k.a.ip[11] = 0xff;
-	}
-	if (bpf_map_lookup_elem(&services, &k))
-		return 1;
-	return R_PASS;
-}
-
 static __noinline int forward(struct xdp_md *ctx, struct frame *fr, struct svc_cfg *s, __u16 csum)
 {
 	__u32 id = s->id;
@@ -1311,10 +1289,9 @@ static __noinline int forward(struct xdp_md *ctx, struct frame *fr, struct svc_c
 	if (!sc)
 		goto pass;
 	struct backend *b = &sn->be[ord & 0xff];
-	r = own_backend(s, b->ip, b->port);
-	if (r == R_PASS)
+	if (b->own == OWN_PASS)
 		goto pass;
-	if (r) {
+	if (b->own) {
 		count(id, DIR_FORWARD, R_OWN_ADDRESS);
 		return XDP_DROP;
 	}
