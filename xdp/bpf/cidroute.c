@@ -344,7 +344,26 @@ struct cls {
 		((__k - 1) & (mask)) + 1;          \
 	})
 
+// load copies n (a constant) bytes at frame offset off to dst: 0, or
+// nonzero past the frame's end. The program takes no fragments, so the
+// frame is data..data_end and a direct copy is what bpf_xdp_load_bytes
+// would do, without a helper call; offsets past 8191 (more than any
+// frame the program decides) fail.
 static __always_inline int load(struct xdp_md *ctx, __u32 off, void *dst, __u32 n)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (off > 0x1fff)
+		return -1;
+	asm volatile("" : "+r"(off));
+	__u8 *p = data + (off & 0x1fff);
+	if ((void *)(p + n) > end)
+		return -1;
+	__builtin_memcpy(dst, p, n);
+	return 0;
+}
+
+// load_var is load for a size the verifier knows only by its bounds.
+static __always_inline int load_var(struct xdp_md *ctx, __u32 off, void *dst, __u32 n)
 {
 	return bpf_xdp_load_bytes(ctx, off, dst, n);
 }
@@ -550,7 +569,7 @@ __noinline int all_zero(struct xdp_md *ctx, __u32 p, __u32 off, __u32 n)
 			return 1;
 		__u32 k = rem < 64 ? rem : 64;
 		__builtin_memset(b, 0, sizeof(b));
-		if (load(ctx, p + off, b, BOUNDED(k, 63)))
+		if (load_var(ctx, p + off, b, BOUNDED(k, 63)))
 			return R_PASS;
 		if (b[0] | b[1] | b[2] | b[3] | b[4] | b[5] | b[6] | b[7])
 			return 0;
@@ -567,7 +586,7 @@ __noinline int dcid_equal(struct xdp_md *ctx, __u32 p, __u32 a, __u32 b, __u32 n
 		return 1;
 	if (n > 20)
 		return R_PASS; // unknown versions only; never coalesced in practice
-	if (load(ctx, p + a, x, BOUNDED(n, 31)) || load(ctx, p + b, y, BOUNDED(n, 31)))
+	if (load_var(ctx, p + a, x, BOUNDED(n, 31)) || load_var(ctx, p + b, y, BOUNDED(n, 31)))
 		return R_PASS;
 	for (int i = 0; i < 20; i++) {
 		if (i >= n)
@@ -1206,7 +1225,7 @@ static __noinline int decide(struct xdp_md *ctx, struct svc_cfg *s, struct snap 
 		n = 36;
 	} else {
 		n = c->id_len & 0xff;
-		if (n > 0 && load(ctx, fr->hl + c->id_off, sc->key, BOUNDED(n, 255)))
+		if (n > 0 && load_var(ctx, fr->hl + c->id_off, sc->key, BOUNDED(n, 255)))
 			return R_PASS;
 	}
 	o = pick_key(sn, sc, n);
