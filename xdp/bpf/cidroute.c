@@ -738,6 +738,34 @@ static __always_inline __u64 sum32(const void *p, int n)
 	return s;
 }
 
+// sum32w is sum32 for packet data and map values, read a word at a time:
+// the verifier takes any alignment there (the payload sum reads packet
+// words at any offset too), never on the stack.
+static __always_inline __u64 sum32w(const void *p, int n)
+{
+	__u64 s = 0;
+#pragma unroll
+	for (int i = 0; i < n / 4; i++)
+		s += ((const __u32 *)p)[i];
+	return s;
+}
+
+// copy32 copies n bytes (a multiple of 4, a constant) between packet data
+// and map values a word at a time, as sum32w reads.
+static __always_inline void copy32(void *dst, const void *src, int n)
+{
+#pragma unroll
+	for (int i = 0; i < n / 4; i++)
+		((__u32 *)dst)[i] = ((const __u32 *)src)[i];
+}
+
+// copy_mac copies a MAC address as copy32 does.
+static __always_inline void copy_mac(void *dst, const void *src)
+{
+	*(__u32 *)dst = *(const __u32 *)src;
+	*(__u16 *)(dst + 4) = *(const __u16 *)(src + 4);
+}
+
 // payload_sum is the 32-bit ones' complement partial sum of n bytes at data
 // offset off, in memory order (csum_partial's), or -1 when out of bounds.
 static __noinline __s64 payload_sum(struct xdp_md *ctx, __u32 off, __u32 n)
@@ -830,28 +858,25 @@ static __always_inline __u16 udp_sum(int v4, const __u8 *src, const __u8 *dst, _
 	__u64 s = psum;
 	struct udphdr u = {.source = bpf_htons(sport), .dest = bpf_htons(dport), .len = bpf_htons(ulen), .check = 0};
 	if (v4) {
+		// The addresses are a map value's (struct out): their words.
 		struct pseudo4 ph = {.zero = 0, .proto = IPPROTO_UDP, .len = bpf_htons(ulen)};
-		__builtin_memcpy(ph.src, src + 12, 4);
-		__builtin_memcpy(ph.dst, dst + 12, 4);
-		s += sum32(&ph, sizeof(ph));
+		s += sum32w(src + 12, 4) + sum32w(dst + 12, 4) + sum32(&ph.zero, 4);
 	} else {
 		struct pseudo6 ph = {.len = bpf_htonl(ulen), .nh = IPPROTO_UDP};
-		__builtin_memcpy(ph.src, src, 16);
-		__builtin_memcpy(ph.dst, dst, 16);
-		s += sum32(&ph, sizeof(ph));
+		s += sum32w(src, 16) + sum32w(dst, 16) + sum32(&ph.len, 8);
 	}
 	s += sum32(&u, sizeof(u));
 	if (extra_len == 28)
-		s += sum32(extra, 28);
+		s += sum32w(extra, 28);
 	else if (extra_len == 52)
-		s += sum32(extra, 52);
+		s += sum32w(extra, 52);
 	__u16 c = ~fold(s);
 	return c == 0 ? 0xffff : c;
 }
 
 static __always_inline __u16 ip4_sum(struct iphdr *ip)
 {
-	__u64 s = sum32(ip, sizeof(*ip));
+	__u64 s = sum32w(ip, sizeof(*ip));
 	return ~fold(s);
 }
 
@@ -962,8 +987,8 @@ static __noinline int emit(struct xdp_md *ctx, __u32 old_hl, __u32 hdr_len)
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return XDP_ABORTED;
-	__builtin_memcpy(eth->h_dest, f->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, f->smac, ETH_ALEN);
+	copy_mac(eth->h_dest, f->dmac);
+	copy_mac(eth->h_source, f->smac);
 	struct udphdr *udp;
 	if (v4) {
 		struct iphdr *ip = (void *)(eth + 1);
@@ -979,8 +1004,8 @@ static __noinline int emit(struct xdp_md *ctx, __u32 old_hl, __u32 hdr_len)
 		ip->ttl = 64;
 		ip->protocol = IPPROTO_UDP;
 		ip->check = 0;
-		__builtin_memcpy(&ip->saddr, o->src + 12, 4);
-		__builtin_memcpy(&ip->daddr, o->dst + 12, 4);
+		copy32(&ip->saddr, o->src + 12, 4);
+		copy32(&ip->daddr, o->dst + 12, 4);
 		ip->check = ip4_sum(ip);
 		udp = (void *)(ip + 1);
 	} else {
@@ -992,8 +1017,8 @@ static __noinline int emit(struct xdp_md *ctx, __u32 old_hl, __u32 hdr_len)
 		ip6->payload_len = bpf_htons(ulen);
 		ip6->nexthdr = IPPROTO_UDP;
 		ip6->hop_limit = 64;
-		__builtin_memcpy(&ip6->saddr, o->src, 16);
-		__builtin_memcpy(&ip6->daddr, o->dst, 16);
+		copy32(&ip6->saddr, o->src, 16);
+		copy32(&ip6->daddr, o->dst, 16);
 		udp = (void *)(ip6 + 1);
 	}
 	if ((void *)(udp + 1) > end)
@@ -1006,12 +1031,12 @@ static __noinline int emit(struct xdp_md *ctx, __u32 old_hl, __u32 hdr_len)
 		__u8 *h = (void *)(udp + 1);
 		if ((void *)(h + 28) > end)
 			return XDP_ABORTED;
-		__builtin_memcpy(h, hdr, 28);
+		copy32(h, hdr, 28);
 	} else if (hdr_len == 52) {
 		__u8 *h = (void *)(udp + 1);
 		if ((void *)(h + 52) > end)
 			return XDP_ABORTED;
-		__builtin_memcpy(h, hdr, 52);
+		copy32(h, hdr, 52);
 	}
 	if (f->ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
@@ -1537,7 +1562,7 @@ static __noinline int reverse(struct xdp_md *ctx, struct frame *fr, __u32 id, __
 
 	// The payload follows the header; it loses the header's share of the
 	// sum (its offset is even, so the sums subtract).
-	__u64 hsum = al == 12 ? sum32(h, 28) : sum32(h, 52);
+	__u64 hsum = al == 12 ? sum32w(h, 28) : sum32w(h, 52);
 	struct out *o = &sc->o;
 	o->sport = s->listen.port; // the service socket's
 	o->dport = dst.port;
