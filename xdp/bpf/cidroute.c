@@ -70,7 +70,7 @@ struct addr {
 	__u8 ip[16];
 	__u16 port;
 	__u16 pad;
-};
+} __attribute__((aligned(4))); // is4 reads words
 
 struct svc_key {
 	struct addr a; // the destination the client sent to
@@ -750,8 +750,9 @@ static __always_inline __u64 sum32w(const void *p, int n)
 	return s;
 }
 
-// copy32 copies n bytes (a multiple of 4, a constant) between packet data
-// and map values a word at a time, as sum32w reads.
+// copy32 copies n bytes (a multiple of 4, a constant) a word at a time
+// between packet data and map values, as sum32w reads, or from the stack
+// at a word-aligned place.
 static __always_inline void copy32(void *dst, const void *src, int n)
 {
 #pragma unroll
@@ -884,12 +885,12 @@ static __always_inline __u16 ip4_sum(struct iphdr *ip)
 
 static const __u8 v4prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 
+// is4 reports whether ip, a 16-byte form at a word-aligned place (or in
+// a map value), is IPv4 (::ffff:a.b.c.d).
 static __always_inline int is4(const __u8 *ip)
 {
-	for (int i = 0; i < 10; i++)
-		if (ip[i])
-			return 0;
-	return ip[10] == 0xff && ip[11] == 0xff;
+	const __u32 *w = (const __u32 *)ip;
+	return w[0] == 0 && w[1] == 0 && w[2] == bpf_htonl(0xffff);
 }
 
 static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
@@ -1172,33 +1173,31 @@ static __noinline int rp_ok(struct xdp_md *ctx, struct frame *fr)
 
 // ---- forward ------------------------------------------------------------------
 
-// ppv2 writes a PROXY v2 DGRAM header for src → dst into h; its length.
-static __always_inline __u32 ppv2(__u8 *h, const struct addr *src, const struct addr *dst)
+// ppv2 writes a PROXY v2 DGRAM header for src → dst (16-byte forms at
+// word-aligned places, ports in host order) into h, a map value; its
+// length.
+static __always_inline __u32 ppv2(__u8 *h, const __u8 *src, __u16 sport, const __u8 *dst, __u16 dport)
 {
-	static const __u8 sig[12] = {'\r', '\n', '\r', '\n', 0, '\r', '\n', 'Q', 'U', 'I', 'T', '\n'};
-	__builtin_memcpy(h, sig, 12);
+	static const __u8 sig[12] __attribute__((aligned(4))) = {'\r', '\n', '\r', '\n', 0, '\r', '\n', 'Q', 'U', 'I', 'T', '\n'};
+	copy32(h, sig, 12);
 	h[12] = 0x21;
-	if (is4(src->ip) && is4(dst->ip)) {
+	if (is4(src) && is4(dst)) {
 		h[13] = 0x12;
 		h[14] = 0;
 		h[15] = 12;
-		__builtin_memcpy(h + 16, src->ip + 12, 4);
-		__builtin_memcpy(h + 20, dst->ip + 12, 4);
-		h[24] = src->port >> 8;
-		h[25] = src->port;
-		h[26] = dst->port >> 8;
-		h[27] = dst->port;
+		copy32(h + 16, src + 12, 4);
+		copy32(h + 20, dst + 12, 4);
+		*(__be16 *)(h + 24) = bpf_htons(sport);
+		*(__be16 *)(h + 26) = bpf_htons(dport);
 		return 28;
 	}
 	h[13] = 0x22;
 	h[14] = 0;
 	h[15] = 36;
-	__builtin_memcpy(h + 16, src->ip, 16);
-	__builtin_memcpy(h + 32, dst->ip, 16);
-	h[48] = src->port >> 8;
-	h[49] = src->port;
-	h[50] = dst->port >> 8;
-	h[51] = dst->port;
+	copy32(h + 16, src, 16);
+	copy32(h + 32, dst, 16);
+	*(__be16 *)(h + 48) = bpf_htons(sport);
+	*(__be16 *)(h + 50) = bpf_htons(dport);
 	return 52;
 }
 
@@ -1281,11 +1280,7 @@ static __noinline int fwd_send(struct xdp_md *ctx, struct frame *fr, struct svc_
 	struct out *o = &sc->o;
 	// PPv2: source = the client as measured, destination = the service
 	// (the address the client sent to, when the service is a wildcard).
-	struct addr client = {.port = fr->sport}, svc = s->pub;
-	__builtin_memcpy(client.ip, fr->src, 16);
-	if (s->measured)
-		__builtin_memcpy(svc.ip, fr->dst, 16);
-	__u32 hl = ppv2(sc->hdr, &client, &svc);
+	__u32 hl = ppv2(sc->hdr, fr->src, fr->sport, s->measured ? fr->dst : s->pub.ip, s->pub.port);
 
 	int v4 = is4(o->dst);
 	__u32 ip_hl = v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
