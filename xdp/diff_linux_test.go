@@ -128,6 +128,7 @@ func newDiffEnv(t testing.TB) *diffEnv {
 		{Ordinal: 4, Addr: ap("192.0.2.1:9999")},     // a host address, no socket
 		{Ordinal: 5, Addr: ap("[2001:db8::1]:7001")}, // wild6's port
 		{Ordinal: 6, Addr: ap("192.0.2.50:4000")},    // elsewhere
+		{Ordinal: 8, Addr: ap("192.0.2.60:7000")},    // wild4's port, on an address the host gains later
 	}
 	i := 0
 	for _, bs := range [][]registry.Backend{r1, r2, r3, r4} {
@@ -209,6 +210,15 @@ func newDiffEnv(t testing.TB) *diffEnv {
 		if err := p.objs.Macs.Put(e.ifindex, &cidrouteMac{A: [6]byte(proxyMAC)}); err != nil {
 			t.Fatal(err)
 		}
+	})
+	e.refreshOwn(t)
+	return e
+}
+
+// refreshOwn builds the pipeline's own-address set anew from the host's
+// addresses and the services' sockets, and those of extra services.
+func (e *diffEnv) refreshOwn(t testing.TB, extra ...Service) {
+	e.ns.do(t, func() {
 		host, err := cidroute.LocalAddrs()
 		if err != nil {
 			t.Fatal(err)
@@ -217,9 +227,11 @@ func newDiffEnv(t testing.TB) *diffEnv {
 		for _, s := range e.services {
 			bound = append(append(bound, s.Listen), s.Upstreams...)
 		}
+		for _, s := range extra {
+			bound = append(append(bound, s.Listen), s.Upstreams...)
+		}
 		e.own = cidroute.NewOwnAddrs(bound, host)
 	})
-	return e
 }
 
 // xdpMD is struct xdp_md, the context of a test run.

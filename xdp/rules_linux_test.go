@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/registry"
@@ -493,6 +494,54 @@ func FuzzReverse(f *testing.F) {
 		}
 		e.reverse(t, s, from, dst, b)
 	})
+}
+
+// TestOwnAddressFollowsHost: which backends are the proxy's own addresses
+// (answers the loader works out for the program) follows the host's
+// addresses at the next Sync and a new service at once.
+func TestOwnAddressFollowsHost(t *testing.T) {
+	e := newDiffEnv(t)
+	s := e.services[len(e.services)-1] // ownbe
+	client := ap("203.0.113.5:40000")
+	elsewhere, wildPort := dtlsCIDRecord(8, 6, 20), dtlsCIDRecord(8, 8, 20) // 192.0.2.50:4000, 192.0.2.60:7000
+	if got := e.forward(t, s, client, s.Listen.Addr(), wildPort); got != xdpTX {
+		t.Fatalf("before: verdict %d", got)
+	}
+	sync := func() {
+		e.ns.do(t, func() {
+			if err := e.prog.Sync(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	// A host address now: wild4's port there is the proxy's.
+	e.ns.ip(t, "addr add 192.0.2.60/32 dev xd0")
+	sync()
+	e.refreshOwn(t)
+	if got := e.forward(t, s, client, s.Listen.Addr(), wildPort); got != xdpDrop {
+		t.Fatalf("host address: verdict %d, want the own-address drop", got)
+	}
+	e.ns.ip(t, "addr del 192.0.2.60/32 dev xd0")
+	sync()
+	e.refreshOwn(t)
+	if got := e.forward(t, s, client, s.Listen.Addr(), wildPort); got != xdpTX {
+		t.Fatalf("address gone: verdict %d", got)
+	}
+	// A service listening where a backend is.
+	if got := e.forward(t, s, client, s.Listen.Addr(), elsewhere); got != xdpTX {
+		t.Fatalf("before the service: verdict %d", got)
+	}
+	late := Service{Name: "late", Protocol: cidroute.DTLS, Codec: dtls.OrdinalFirst{}, Public: ap("192.0.2.50:4000"),
+		Listen: ap("192.0.2.50:4000"), Upstreams: []netip.AddrPort{ap("[::]:40500")}, Backends: s.Backends}
+	e.ns.do(t, func() {
+		if err := e.prog.AddService(late); err != nil {
+			t.Fatal(err)
+		}
+	})
+	e.refreshOwn(t, late)
+	if got := e.forward(t, s, client, s.Listen.Addr(), elsewhere); got != xdpDrop {
+		t.Fatalf("a service at the backend: verdict %d, want the own-address drop", got)
+	}
 }
 
 // TestSnapshotSwap: a registry update reaches the program at the next Sync

@@ -68,12 +68,20 @@ func newTopo(t testing.TB) *topo {
 // attachPass attaches a program that passes everything, natively.
 func attachPass(t testing.TB, ifname string) {
 	t.Helper()
+	l := passLink(t, ifname)
+	t.Cleanup(func() { l.Close() })
+}
+
+// passLink attaches a program that passes everything, natively, until the
+// link is closed.
+func passLink(t testing.TB, ifname string) link.Link {
+	t.Helper()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "MIT",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, xdpPass), asm.Return()}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { prog.Close() })
+	defer prog.Close() // the link holds it
 	iface, err := net.InterfaceByName(ifname)
 	if err != nil {
 		t.Fatal(err)
@@ -82,20 +90,30 @@ func attachPass(t testing.TB, ifname string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // txChecksumOff turns off transmit checksum offload (ethtool -K IF tx
-// off) through the SIOCETHTOOL ioctl.
-func txChecksumOff(t testing.TB, ifname string) {
+// off).
+func txChecksumOff(t testing.TB, ifname string) { ethtoolSet(t, ifname, ethtoolSTXCSUM, 0) }
+
+// Legacy ethtool set commands (linux/ethtool.h).
+const (
+	ethtoolSTXCSUM = 0x17
+	ethtoolSTSO    = 0x1f
+	ethtoolSGRO    = 0x2c
+)
+
+// ethtoolSet runs one legacy ethtool set command (ethtool -K) through the
+// SIOCETHTOOL ioctl, on the calling thread's namespace.
+func ethtoolSet(t testing.TB, ifname string, cmd, value uint32) {
 	t.Helper()
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	const ethtoolSTXCSUM = 0x17
-	v := struct{ cmd, data uint32 }{cmd: ethtoolSTXCSUM}
+	v := struct{ cmd, data uint32 }{cmd: cmd, data: value}
 	var ifr struct {
 		name [unix.IFNAMSIZ]byte
 		data unsafe.Pointer
@@ -104,7 +122,7 @@ func txChecksumOff(t testing.TB, ifname string) {
 	copy(ifr.name[:], ifname)
 	ifr.data = unsafe.Pointer(&v)
 	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
-		t.Fatalf("ethtool -K %s tx off: %v", ifname, e)
+		t.Fatalf("ethtool %#x %d on %s: %v", cmd, value, ifname, e)
 	}
 	runtime.KeepAlive(&v)
 }

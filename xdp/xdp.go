@@ -67,7 +67,10 @@ type Program struct {
 	services []*service
 	links    []attached
 	locals   map[[16]byte]bool
-	closed   bool
+	// ownGen counts changes of what the backends' own-address answers
+	// depend on: the host's addresses and the services.
+	ownGen uint64
+	closed bool
 }
 
 type attached struct {
@@ -77,11 +80,12 @@ type attached struct {
 }
 
 type service struct {
-	cfg   Service
-	id    uint32
-	snap  *registry.Snapshot // the one in the program
-	stale bool
-	inner *ebpf.Map
+	cfg    Service
+	id     uint32
+	snap   *registry.Snapshot // the one in the program
+	ownGen uint64             // the Program's ownGen it was written at
+	stale  bool
+	inner  *ebpf.Map
 }
 
 // Load loads the program into the kernel; it needs CAP_BPF and
@@ -289,7 +293,13 @@ func (p *Program) AddService(s Service) error {
 	}
 	svc := &service{cfg: s, id: id}
 	p.services = append(p.services, svc)
-	return p.syncService(svc)
+	// Its addresses can be another service's backends'.
+	p.ownGen++
+	var errs []error
+	for _, s := range p.services {
+		errs = append(errs, p.syncService(s))
+	}
+	return errors.Join(errs...)
 }
 
 // serviceKeys are the services-map keys of a listen address: the address
@@ -319,22 +329,24 @@ func (p *Program) Sync() error {
 	if p.closed {
 		return errors.New("xdp: program closed")
 	}
-	var errs []error
+	// The host's addresses first: the snapshots' own-address answers
+	// follow them.
+	errs := []error{p.refreshLocals()}
 	for _, s := range p.services {
 		errs = append(errs, p.syncService(s))
 	}
-	errs = append(errs, p.refreshLocals())
 	return errors.Join(errs...)
 }
 
 func (p *Program) syncService(s *service) error {
 	snap, stale := s.cfg.Backends.Snapshot(), s.cfg.Backends.Stale()
-	if snap != s.snap {
+	if snap != s.snap || s.ownGen != p.ownGen {
 		m, err := ebpf.NewMap(p.inner)
 		if err != nil {
 			return fmt.Errorf("xdp: service %q: snapshot map: %w", s.cfg.Name, err)
 		}
-		if err := m.Put(uint32(0), encodeSnapshot(snap)); err != nil {
+		own := func(ip [16]byte, port uint16) byte { return p.ownBackend(s, ip, port) }
+		if err := m.Put(uint32(0), encodeSnapshot(snap, own)); err != nil {
 			m.Close()
 			return fmt.Errorf("xdp: service %q: snapshot: %w", s.cfg.Name, err)
 		}
@@ -347,7 +359,7 @@ func (p *Program) syncService(s *service) error {
 		if s.inner != nil {
 			s.inner.Close()
 		}
-		s.inner, s.snap = m, snap
+		s.inner, s.snap, s.ownGen = m, snap, p.ownGen
 	}
 	if stale != s.stale || snap == nil {
 		v := uint32(0)
@@ -366,15 +378,15 @@ func (p *Program) syncService(s *service) error {
 const (
 	snapOwner    = 16
 	snapBackends = snapOwner + hrw.Buckets
-	backendSize  = 20
+	backendSize  = 22
 	snapSlots    = snapBackends + 256*backendSize
 	snapSize     = snapSlots + addrSlots
 )
 
 // encodeSnapshot lays out snap as the program's struct snap: the HRW seed
-// and bucket table, the backends by ordinal, and the serving backends by
-// address.
-func encodeSnapshot(snap *registry.Snapshot) []byte {
+// and bucket table, the backends by ordinal with own's answer for each,
+// and the serving backends by address.
+func encodeSnapshot(snap *registry.Snapshot, own func(ip [16]byte, port uint16) byte) []byte {
 	b := make([]byte, snapSize)
 	ne := binary.NativeEndian
 	if snap == nil {
@@ -397,6 +409,7 @@ func encodeSnapshot(snap *registry.Snapshot) []byte {
 		ne.PutUint16(e[16:], be.Addr.Port())
 		e[18] = byte(be.State)
 		e[19] = 1
+		e[20] = own(ip, be.Addr.Port())
 		if !be.State.Serving() {
 			continue
 		}
@@ -415,6 +428,59 @@ func encodeSnapshot(snap *registry.Snapshot) []byte {
 		ne.PutUint32(b[12:], 1) // replies go up to the pipeline
 	}
 	return b
+}
+
+// Answers of the forward rule's own-address test for a backend (struct
+// backend's own).
+const (
+	ownNo   = 0
+	ownYes  = 1 // dropped as OwnAddress
+	ownPass = 2 // handed up: the pipeline's own-address set decides
+)
+
+// ownBackend is the forward rule's own-address test (Router.Forward's
+// OwnAddress) for a backend of s at ip:port (16-byte form) as far as the
+// program can know it: ownYes at the service's public address, a service's
+// listen address, or a wildcard service's port on this host; ownPass at
+// another of this host's addresses (an upstream port or a socket the
+// program does not know: only the pipeline has the whole set); else ownNo.
+// p.mu is held.
+func (p *Program) ownBackend(s *service, ip [16]byte, port uint16) byte {
+	if port == s.cfg.Public.Port() && ip == s.cfg.Public.Addr().As16() {
+		return ownYes
+	}
+	listening := func(ip [16]byte) bool {
+		for _, o := range p.services {
+			for _, k := range serviceKeys(o.cfg.Listen) {
+				if k.A.Ip == ip && k.A.Port == port {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if listening(ip) {
+		return ownYes
+	}
+	a := netip.AddrFrom16(ip)
+	v4 := a.Is4In6()
+	host := a.IsUnspecified() || p.locals[ip]
+	if v4 {
+		host = host || a.Unmap().IsUnspecified() || a.Unmap().IsLoopback()
+	} else {
+		host = host || a == netip.IPv6Loopback()
+	}
+	if !host {
+		return ownNo
+	}
+	wild := netip.IPv6Unspecified().As16()
+	if v4 {
+		wild = netip.IPv4Unspecified().As16()
+	}
+	if listening(wild) {
+		return ownYes
+	}
+	return ownPass
 }
 
 // addrHome is the program's addr_home: the first slot of an address.
@@ -439,15 +505,21 @@ func (p *Program) refreshLocals() error {
 		now[ip.Unmap().As16()] = true
 	}
 	var errs []error
+	changed := false
 	for k := range now {
 		if !p.locals[k] {
 			errs = append(errs, p.objs.Locals.Put(k, uint8(1)))
+			changed = true
 		}
 	}
 	for k := range p.locals {
 		if !now[k] {
 			errs = append(errs, p.objs.Locals.Delete(k))
+			changed = true
 		}
+	}
+	if changed {
+		p.ownGen++
 	}
 	p.locals = now
 	return errors.Join(errs...)

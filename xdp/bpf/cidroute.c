@@ -71,7 +71,7 @@ struct addr {
 	__u8 ip[16];
 	__u16 port;
 	__u16 pad;
-};
+} __attribute__((aligned(4))); // is4 reads words
 
 struct svc_key {
 	struct addr a; // the destination the client sent to
@@ -93,11 +93,22 @@ struct svc_cfg {
 	struct addr listen;
 };
 
+// A backend's own is the forward rule's own-address test (Router.Forward's
+// OwnAddress) for its address, worked out by the loader, which writes the
+// snapshot again when the host's addresses or the services change: OWN_YES
+// at the service's public address, a service's listen address or a
+// wildcard service's port on this host; OWN_PASS at another address of this
+// host (an upstream port or a socket the program does not know: the
+// pipeline's own set decides).
+enum { OWN_NO = 0, OWN_YES = 1, OWN_PASS = 2 };
+
 struct backend {
 	__u8 ip[16];
 	__u16 port;
 	__u8 state;   // STATE_*
 	__u8 present; // 1 when the snapshot has this ordinal
+	__u8 own;     // OWN_*
+	__u8 pad;
 };
 
 // One registry snapshot. A new one goes into a new inner map that replaces
@@ -334,7 +345,26 @@ struct cls {
 		((__k - 1) & (mask)) + 1;          \
 	})
 
+// load copies n (a constant) bytes at frame offset off to dst: 0, or
+// nonzero past the frame's end. The program takes no fragments, so the
+// frame is data..data_end and a direct copy is what bpf_xdp_load_bytes
+// would do, without a helper call; offsets past 8191 (more than any
+// frame the program decides) fail.
 static __always_inline int load(struct xdp_md *ctx, __u32 off, void *dst, __u32 n)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (off > 0x1fff)
+		return -1;
+	asm volatile("" : "+r"(off));
+	__u8 *p = data + (off & 0x1fff);
+	if ((void *)(p + n) > end)
+		return -1;
+	__builtin_memcpy(dst, p, n);
+	return 0;
+}
+
+// load_var is load for a size the verifier knows only by its bounds.
+static __always_inline int load_var(struct xdp_md *ctx, __u32 off, void *dst, __u32 n)
 {
 	return bpf_xdp_load_bytes(ctx, off, dst, n);
 }
@@ -543,7 +573,7 @@ __noinline int all_zero(struct xdp_md *ctx, __u32 p, __u32 off, __u32 n)
 			return 1;
 		__u32 k = rem < 64 ? rem : 64;
 		__builtin_memset(b, 0, sizeof(b));
-		if (load(ctx, p + off, b, BOUNDED(k, 63)))
+		if (load_var(ctx, p + off, b, BOUNDED(k, 63)))
 			return R_PASS;
 		if (b[0] | b[1] | b[2] | b[3] | b[4] | b[5] | b[6] | b[7])
 			return 0;
@@ -560,7 +590,7 @@ __noinline int dcid_equal(struct xdp_md *ctx, __u32 p, __u32 a, __u32 b, __u32 n
 		return 1;
 	if (n > 20)
 		return R_PASS; // unknown versions only; never coalesced in practice
-	if (load(ctx, p + a, x, BOUNDED(n, 31)) || load(ctx, p + b, y, BOUNDED(n, 31)))
+	if (load_var(ctx, p + a, x, BOUNDED(n, 31)) || load_var(ctx, p + b, y, BOUNDED(n, 31)))
 		return R_PASS;
 	for (int i = 0; i < 20; i++) {
 		if (i >= n)
@@ -712,6 +742,35 @@ static __always_inline __u64 sum32(const void *p, int n)
 	return s;
 }
 
+// sum32w is sum32 for packet data and map values, read a word at a time:
+// the verifier takes any alignment there (the payload sum reads packet
+// words at any offset too), never on the stack.
+static __always_inline __u64 sum32w(const void *p, int n)
+{
+	__u64 s = 0;
+#pragma unroll
+	for (int i = 0; i < n / 4; i++)
+		s += ((const __u32 *)p)[i];
+	return s;
+}
+
+// copy32 copies n bytes (a multiple of 4, a constant) a word at a time
+// between packet data and map values, as sum32w reads, or from the stack
+// at a word-aligned place.
+static __always_inline void copy32(void *dst, const void *src, int n)
+{
+#pragma unroll
+	for (int i = 0; i < n / 4; i++)
+		((__u32 *)dst)[i] = ((const __u32 *)src)[i];
+}
+
+// copy_mac copies a MAC address as copy32 does.
+static __always_inline void copy_mac(void *dst, const void *src)
+{
+	*(__u32 *)dst = *(const __u32 *)src;
+	*(__u16 *)(dst + 4) = *(const __u16 *)(src + 4);
+}
+
 // payload_sum is the 32-bit ones' complement partial sum of n bytes at data
 // offset off, in memory order (csum_partial's), or -1 when out of bounds.
 static __noinline __s64 payload_sum(struct xdp_md *ctx, __u32 off, __u32 n)
@@ -734,8 +793,18 @@ static __noinline __s64 payload_sum(struct xdp_md *ctx, __u32 off, __u32 n)
 	}
 	if (left >= 512)
 		return -1;
-	// The rest, under 512 bytes, a word at a time.
-	for (int i = 0; i < 127; i++) {
+	// The rest, under 512 bytes, 16 bytes to a bounds check, then words.
+	for (int i = 0; i < 31; i++) {
+		if (left < 16)
+			break;
+		asm volatile("" : "+r"(q));
+		if ((void *)(q + 16) > end)
+			return -1;
+		s += (__u64)*(__u32 *)q + *(__u32 *)(q + 4) + *(__u32 *)(q + 8) + *(__u32 *)(q + 12);
+		q += 16;
+		left -= 16;
+	}
+	for (int i = 0; i < 3; i++) {
 		if (left < 4)
 			break;
 		asm volatile("" : "+r"(q));
@@ -794,28 +863,25 @@ static __always_inline __u16 udp_sum(int v4, const __u8 *src, const __u8 *dst, _
 	__u64 s = psum;
 	struct udphdr u = {.source = bpf_htons(sport), .dest = bpf_htons(dport), .len = bpf_htons(ulen), .check = 0};
 	if (v4) {
+		// The addresses are a map value's (struct out): their words.
 		struct pseudo4 ph = {.zero = 0, .proto = IPPROTO_UDP, .len = bpf_htons(ulen)};
-		__builtin_memcpy(ph.src, src + 12, 4);
-		__builtin_memcpy(ph.dst, dst + 12, 4);
-		s += sum32(&ph, sizeof(ph));
+		s += sum32w(src + 12, 4) + sum32w(dst + 12, 4) + sum32(&ph.zero, 4);
 	} else {
 		struct pseudo6 ph = {.len = bpf_htonl(ulen), .nh = IPPROTO_UDP};
-		__builtin_memcpy(ph.src, src, 16);
-		__builtin_memcpy(ph.dst, dst, 16);
-		s += sum32(&ph, sizeof(ph));
+		s += sum32w(src, 16) + sum32w(dst, 16) + sum32(&ph.len, 8);
 	}
 	s += sum32(&u, sizeof(u));
 	if (extra_len == 28)
-		s += sum32(extra, 28);
+		s += sum32w(extra, 28);
 	else if (extra_len == 52)
-		s += sum32(extra, 52);
+		s += sum32w(extra, 52);
 	__u16 c = ~fold(s);
 	return c == 0 ? 0xffff : c;
 }
 
 static __always_inline __u16 ip4_sum(struct iphdr *ip)
 {
-	__u64 s = sum32(ip, sizeof(*ip));
+	__u64 s = sum32w(ip, sizeof(*ip));
 	return ~fold(s);
 }
 
@@ -823,12 +889,12 @@ static __always_inline __u16 ip4_sum(struct iphdr *ip)
 
 static const __u8 v4prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 
+// is4 reports whether ip, a 16-byte form at a word-aligned place (or in
+// a map value), is IPv4 (::ffff:a.b.c.d).
 static __always_inline int is4(const __u8 *ip)
 {
-	for (int i = 0; i < 10; i++)
-		if (ip[i])
-			return 0;
-	return ip[10] == 0xff && ip[11] == 0xff;
+	const __u32 *w = (const __u32 *)ip;
+	return w[0] == 0 && w[1] == 0 && w[2] == bpf_htonl(0xffff);
 }
 
 static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
@@ -926,8 +992,8 @@ static __noinline int emit(struct xdp_md *ctx, __u32 old_hl, __u32 hdr_len)
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return XDP_ABORTED;
-	__builtin_memcpy(eth->h_dest, f->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, f->smac, ETH_ALEN);
+	copy_mac(eth->h_dest, f->dmac);
+	copy_mac(eth->h_source, f->smac);
 	struct udphdr *udp;
 	if (v4) {
 		struct iphdr *ip = (void *)(eth + 1);
@@ -943,8 +1009,8 @@ static __noinline int emit(struct xdp_md *ctx, __u32 old_hl, __u32 hdr_len)
 		ip->ttl = 64;
 		ip->protocol = IPPROTO_UDP;
 		ip->check = 0;
-		__builtin_memcpy(&ip->saddr, o->src + 12, 4);
-		__builtin_memcpy(&ip->daddr, o->dst + 12, 4);
+		copy32(&ip->saddr, o->src + 12, 4);
+		copy32(&ip->daddr, o->dst + 12, 4);
 		ip->check = ip4_sum(ip);
 		udp = (void *)(ip + 1);
 	} else {
@@ -956,8 +1022,8 @@ static __noinline int emit(struct xdp_md *ctx, __u32 old_hl, __u32 hdr_len)
 		ip6->payload_len = bpf_htons(ulen);
 		ip6->nexthdr = IPPROTO_UDP;
 		ip6->hop_limit = 64;
-		__builtin_memcpy(&ip6->saddr, o->src, 16);
-		__builtin_memcpy(&ip6->daddr, o->dst, 16);
+		copy32(&ip6->saddr, o->src, 16);
+		copy32(&ip6->daddr, o->dst, 16);
 		udp = (void *)(ip6 + 1);
 	}
 	if ((void *)(udp + 1) > end)
@@ -970,12 +1036,12 @@ static __noinline int emit(struct xdp_md *ctx, __u32 old_hl, __u32 hdr_len)
 		__u8 *h = (void *)(udp + 1);
 		if ((void *)(h + 28) > end)
 			return XDP_ABORTED;
-		__builtin_memcpy(h, hdr, 28);
+		copy32(h, hdr, 28);
 	} else if (hdr_len == 52) {
 		__u8 *h = (void *)(udp + 1);
 		if ((void *)(h + 52) > end)
 			return XDP_ABORTED;
-		__builtin_memcpy(h, hdr, 52);
+		copy32(h, hdr, 52);
 	}
 	if (f->ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
@@ -1111,33 +1177,31 @@ static __noinline int rp_ok(struct xdp_md *ctx, struct frame *fr)
 
 // ---- forward ------------------------------------------------------------------
 
-// ppv2 writes a PROXY v2 DGRAM header for src → dst into h; its length.
-static __always_inline __u32 ppv2(__u8 *h, const struct addr *src, const struct addr *dst)
+// ppv2 writes a PROXY v2 DGRAM header for src → dst (16-byte forms at
+// word-aligned places, ports in host order) into h, a map value; its
+// length.
+static __always_inline __u32 ppv2(__u8 *h, const __u8 *src, __u16 sport, const __u8 *dst, __u16 dport)
 {
-	static const __u8 sig[12] = {'\r', '\n', '\r', '\n', 0, '\r', '\n', 'Q', 'U', 'I', 'T', '\n'};
-	__builtin_memcpy(h, sig, 12);
+	static const __u8 sig[12] __attribute__((aligned(4))) = {'\r', '\n', '\r', '\n', 0, '\r', '\n', 'Q', 'U', 'I', 'T', '\n'};
+	copy32(h, sig, 12);
 	h[12] = 0x21;
-	if (is4(src->ip) && is4(dst->ip)) {
+	if (is4(src) && is4(dst)) {
 		h[13] = 0x12;
 		h[14] = 0;
 		h[15] = 12;
-		__builtin_memcpy(h + 16, src->ip + 12, 4);
-		__builtin_memcpy(h + 20, dst->ip + 12, 4);
-		h[24] = src->port >> 8;
-		h[25] = src->port;
-		h[26] = dst->port >> 8;
-		h[27] = dst->port;
+		copy32(h + 16, src + 12, 4);
+		copy32(h + 20, dst + 12, 4);
+		*(__be16 *)(h + 24) = bpf_htons(sport);
+		*(__be16 *)(h + 26) = bpf_htons(dport);
 		return 28;
 	}
 	h[13] = 0x22;
 	h[14] = 0;
 	h[15] = 36;
-	__builtin_memcpy(h + 16, src->ip, 16);
-	__builtin_memcpy(h + 32, dst->ip, 16);
-	h[48] = src->port >> 8;
-	h[49] = src->port;
-	h[50] = dst->port >> 8;
-	h[51] = dst->port;
+	copy32(h + 16, src, 16);
+	copy32(h + 32, dst, 16);
+	*(__be16 *)(h + 48) = bpf_htons(sport);
+	*(__be16 *)(h + 50) = bpf_htons(dport);
 	return 52;
 }
 
@@ -1199,7 +1263,7 @@ static __noinline int decide(struct xdp_md *ctx, struct svc_cfg *s, struct snap 
 		n = 36;
 	} else {
 		n = c->id_len & 0xff;
-		if (n > 0 && load(ctx, fr->hl + c->id_off, sc->key, BOUNDED(n, 255)))
+		if (n > 0 && load_var(ctx, fr->hl + c->id_off, sc->key, BOUNDED(n, 255)))
 			return R_PASS;
 	}
 	o = pick_key(sn, sc, n);
@@ -1220,11 +1284,7 @@ static __noinline int fwd_send(struct xdp_md *ctx, struct frame *fr, struct svc_
 	struct out *o = &sc->o;
 	// PPv2: source = the client as measured, destination = the service
 	// (the address the client sent to, when the service is a wildcard).
-	struct addr client = {.port = fr->sport}, svc = s->pub;
-	__builtin_memcpy(client.ip, fr->src, 16);
-	if (s->measured)
-		__builtin_memcpy(svc.ip, fr->dst, 16);
-	__u32 hl = ppv2(sc->hdr, &client, &svc);
+	__u32 hl = ppv2(sc->hdr, fr->src, fr->sport, s->measured ? fr->dst : s->pub.ip, s->pub.port);
 
 	int v4 = is4(o->dst);
 	__u32 ip_hl = v4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
@@ -1238,39 +1298,6 @@ static __noinline int fwd_send(struct xdp_md *ctx, struct frame *fr, struct svc_
 static __always_inline int is_local(const __u8 *ip)
 {
 	return bpf_map_lookup_elem(&locals, (void *)ip) != NULL;
-}
-
-// own_backend is the forward rule's own-address test (Router.Forward's
-// OwnAddress) for a backend at ip, port: 1 when it is the service's public
-// address, a service's listen address, or a wildcard service's port on
-// this host; R_PASS when it is another address of this host (an upstream
-// port or a socket the program does not know: the pipeline's own set
-// decides); 0 when it is no address of this process.
-static __noinline int own_backend(struct svc_cfg *s, const __u8 *ip, __u16 port)
-{
-	if (port == s->pub.port && addr_eq(ip, s->pub.ip))
-		return 1;
-	struct svc_key k = {};
-	__builtin_memcpy(k.a.ip, ip, 16);
-	k.a.port = port;
-	if (bpf_map_lookup_elem(&services, &k))
-		return 1;
-	int v4 = is4(ip);
-	int host = unspecified(ip) || is_local(ip);
-	if (v4)
-		host |= ip[12] == 127;
-	else
-		host |= *(const __u64 *)ip == 0 && *(const __u64 *)(ip + 8) == bpf_cpu_to_be64(1);
-	if (!host)
-		return 0;
-	__builtin_memset(k.a.ip, 0, 16);
-	if (v4) {
-		k.a.ip[10] = 0xff;
-		k.a.ip[11] = 0xff;
-	}
-	if (bpf_map_lookup_elem(&services, &k))
-		return 1;
-	return R_PASS;
 }
 
 // handshake_of_other_len reports whether a QUIC datagram the classifier
@@ -1330,10 +1357,9 @@ static __noinline int forward(struct xdp_md *ctx, struct frame *fr, struct svc_c
 	if (!sc)
 		goto pass;
 	struct backend *b = &sn->be[ord & 0xff];
-	r = own_backend(s, b->ip, b->port);
-	if (r == R_PASS)
+	if (b->own == OWN_PASS)
 		goto pass;
-	if (r) {
+	if (b->own) {
 		count(id, DIR_FORWARD, R_OWN_ADDRESS);
 		return XDP_DROP;
 	}
@@ -1550,7 +1576,7 @@ static __noinline int reverse(struct xdp_md *ctx, struct frame *fr, __u32 id, __
 
 	// The payload follows the header; it loses the header's share of the
 	// sum (its offset is even, so the sums subtract).
-	__u64 hsum = al == 12 ? sum32(h, 28) : sum32(h, 52);
+	__u64 hsum = al == 12 ? sum32w(h, 28) : sum32w(h, 52);
 	struct out *o = &sc->o;
 	o->sport = s->listen.port; // the service socket's
 	o->dport = dst.port;
