@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -236,7 +237,9 @@ func (c *dtlsClient) ask(msg string, tries int, wait time.Duration) (string, err
 	return ask(c.conn, msg, tries, wait)
 }
 
-// ask sends msg over a DTLS connection and returns the reply.
+// ask sends msg over a DTLS connection and returns the reply. A late
+// reply to an earlier message (one that timed out and was sent again) is
+// not the answer: it is passed over.
 func ask(c net.Conn, msg string, tries int, wait time.Duration) (string, error) {
 	buf := make([]byte, 2048)
 	for try := range tries {
@@ -244,18 +247,22 @@ func ask(c net.Conn, msg string, tries int, wait time.Duration) (string, error) 
 			return "", err
 		}
 		c.SetReadDeadline(time.Now().Add(wait))
-		n, err := c.Read(buf)
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			if try < tries-1 {
-				resent.Add(1)
+		for {
+			n, err := c.Read(buf)
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				if try < tries-1 {
+					resent.Add(1)
+				}
+				break
 			}
-			continue
+			if err != nil {
+				return "", err
+			}
+			if reply := string(buf[:n]); reply == msg || strings.HasSuffix(reply, "|"+msg) {
+				return reply, nil
+			}
 		}
-		if err != nil {
-			return "", err
-		}
-		return string(buf[:n]), nil
 	}
 	return "", errNoReply
 }
