@@ -114,12 +114,18 @@ func (o *ownFD) Control(f func(fd uintptr)) error {
 	return nil
 }
 
-func (o *ownFD) Read(f func(fd uintptr) bool) error {
-	return o.Control(func(fd uintptr) { f(fd) })
-}
+func (o *ownFD) Read(f func(fd uintptr) bool) error { return o.call(f) }
 
-func (o *ownFD) Write(f func(fd uintptr) bool) error {
-	return o.Control(func(fd uintptr) { f(fd) })
+func (o *ownFD) Write(f func(fd uintptr) bool) error { return o.call(f) }
+
+func (o *ownFD) call(f func(fd uintptr) bool) error {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	if o.closed {
+		return errFDClosed
+	}
+	f(uintptr(o.fd))
+	return nil
 }
 
 func (o *ownFD) close() error {
@@ -162,6 +168,9 @@ type mmsgState struct {
 	n     int
 	errno syscall.Errno
 	fn    func(fd uintptr) bool
+
+	directFn func(fd uintptr) // directCall, bound once (Detach)
+	pfd      [1]unix.PollFd
 }
 
 // NewConn prepares batch IO on c with room for batch datagrams per
@@ -223,6 +232,7 @@ func (s *mmsgState) init(raw syscall.RawConn, trap uintptr, batch, iovPer int, c
 		}
 	}
 	s.fn = s.syscall
+	s.directFn = s.directCall
 	s.call = s.run
 }
 
@@ -249,34 +259,37 @@ func (s *mmsgState) run(hs []mmsghdr) (int, error) {
 // direct performs one recvmmsg/sendmmsg on a detached socket, outside the
 // netpoller and whatever the descriptor's blocking flag (MSG_DONTWAIT): a
 // receive that would block reports ErrWouldBlock, a send waits in poll(2)
-// until the socket can take more.
+// until the socket can take more. The call's state is in s, and
+// directFn is bound once, so it does not allocate.
 func (s *mmsgState) direct(hs []mmsghdr) (int, error) {
-	var n int
-	var errno syscall.Errno
-	err := s.raw.Control(func(fd uintptr) {
-		for {
-			r, _, e := unix.Syscall6(s.trap, fd, uintptr(unsafe.Pointer(&hs[0])), uintptr(len(hs)), unix.MSG_DONTWAIT, 0, 0)
-			switch {
-			case e == unix.EINTR:
-				continue
-			case e == unix.EAGAIN && s.trap == unix.SYS_SENDMMSG:
-				pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-				unix.Poll(pfd, 100) // then retry; a closed socket fails the send
-				continue
-			}
-			n, errno = int(r), e
-			return
-		}
-	})
+	s.arg, s.n, s.errno = hs, 0, 0
+	err := s.raw.Control(s.directFn)
+	s.arg = nil
 	switch {
 	case err != nil:
 		return 0, err
-	case errno == unix.EAGAIN:
+	case s.errno == unix.EAGAIN:
 		return 0, ErrWouldBlock
-	case errno != 0:
-		return 0, errno
+	case s.errno != 0:
+		return 0, s.errno
 	}
-	return n, nil
+	return s.n, nil
+}
+
+func (s *mmsgState) directCall(fd uintptr) {
+	for {
+		r, _, e := unix.Syscall6(s.trap, fd, uintptr(unsafe.Pointer(&s.arg[0])), uintptr(len(s.arg)), unix.MSG_DONTWAIT, 0, 0)
+		switch {
+		case e == unix.EINTR:
+			continue
+		case e == unix.EAGAIN && s.trap == unix.SYS_SENDMMSG:
+			s.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLOUT}
+			unix.Poll(s.pfd[:], 100) // then retry; a closed socket fails the send
+			continue
+		}
+		s.n, s.errno = int(r), e
+		return
+	}
 }
 
 func (s *mmsgState) syscall(fd uintptr) bool {
