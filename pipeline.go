@@ -84,7 +84,8 @@ type Service struct {
 // Config configures a Pipeline.
 type Config struct {
 	Services []Service
-	// BatchSize is the number of datagrams per recvmmsg/sendmmsg (0 = 32).
+	// BatchSize is the number of datagrams per recvmmsg/sendmmsg (0 =
+	// DefaultBatchSize).
 	BatchSize int
 	// MaxDatagram is the largest datagram accepted in either direction,
 	// PPv2 header included (0 = 9216). Larger ones are dropped as
@@ -96,6 +97,13 @@ type Config struct {
 	// Wait is how workers wait for datagrams (WaitNetpoller by default).
 	Wait WaitMode
 }
+
+// DefaultBatchSize is Config.BatchSize's default: 64 datagrams a syscall.
+// Flat out, against 32, it took cidproxy from 1.08× to 1.03× the CPU per
+// datagram of the independent benchmark's raw-limit forwarder (which
+// batches 64 too) and costs 1.2 MB of buffers per worker; below
+// saturation batches are short anyway.
+const DefaultBatchSize = 64
 
 // ErrClosed is returned by Run on a Pipeline that was already run or
 // closed.
@@ -152,7 +160,7 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, fmt.Errorf("no services: %w", ErrConfig)
 	}
 	if cfg.BatchSize == 0 {
-		cfg.BatchSize = udpio.DefaultBatch
+		cfg.BatchSize = DefaultBatchSize
 	}
 	if cfg.MaxDatagram == 0 {
 		cfg.MaxDatagram = 9216

@@ -100,7 +100,7 @@ var (
 		"Datagrams the kernel dropped on the pipeline's receiving sockets because their receive buffers were full (forward: the service sockets; reverse: the upstream sockets), before the pipeline read them: the kernel accepted cidroute_datagrams_received_total + this. Raise recv_buffer when it grows.",
 		[]string{"service", "direction"}, nil)
 	descBatch = prometheus.NewDesc("cidroute_batch_size",
-		"Datagrams per receive call (recvmmsg), by service and direction: the mean (sum / count) near 1 means workers wake for every datagram (light load), near the batch size (32) that they are saturated.",
+		"Datagrams per receive call (recvmmsg), by service and direction: the mean (sum / count) near 1 means workers wake for every datagram (light load), near the batch size (64 by default) that they are saturated.",
 		[]string{"service", "direction"}, nil)
 	descProbeRTT = prometheus.NewDesc("cidroute_probe_duration_seconds",
 		"Round-trip time of answered health probes: from the probe's send to the backend stack's answer.",
