@@ -103,19 +103,21 @@ func TestAPIServerOutage(t *testing.T) {
 	checkNoStorm(t, counts)
 }
 
-// checkNoStorm fails when the proxy asked for more than a resync: one
-// list (or a watch that streams the initial state) and a watch, give or
-// take a retry.
+// checkNoStorm fails when the proxy fetched the whole state (a list, or a
+// watch-list that streams it) more than twice after the API server came
+// back. Refused requests (403) are not counted: an API server that has
+// just started listening refuses everyone until its RBAC informers have
+// synced, and the proxy, which talks to that one server and not through
+// the kubernetes Service (which lists only ready ones), may ask in that
+// window; they cost the server nothing to answer.
 func checkNoStorm(t *testing.T, counts map[string]int) {
 	t.Helper()
-	lists := 0
-	for k, n := range counts {
-		if strings.HasPrefix(k, "list ") || strings.HasPrefix(k, "watch ") {
-			lists += n
-		}
+	relists := counts["list 200"] + counts["watch-list 200"]
+	if relists > 2 {
+		t.Errorf("the proxy fetched the whole state %d times after the return: %v", relists, counts)
 	}
-	if lists > 4 {
-		t.Errorf("%d list and watch requests after the return: %v", lists, counts)
+	if n := counts["list 403"] + counts["watch-list 403"] + counts["watch 403"]; n > 0 {
+		t.Logf("%d requests refused while the restarted API server's RBAC cache was empty", n)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -250,7 +251,10 @@ func (s *session) close() {
 
 // auditCounts counts the cidproxy identity's EndpointSlice requests in an
 // API server's audit log since offset (a byte offset into the log), by
-// verb and response code, e.g. "list 200", "watch 403".
+// kind and response code: "list 200"; "watch-list 200", a watch that
+// streams the whole state first (sendInitialEvents, a list by another
+// name); "watch 200", a watch that resumes from a resource version;
+// "watch 403".
 func auditCounts(path string, offset int64) (map[string]int, int64) {
 	data, _ := os.ReadFile(path)
 	if int64(len(data)) < offset {
@@ -261,6 +265,7 @@ func auditCounts(path string, offset int64) (map[string]int, int64) {
 		var ev struct {
 			Stage          string `json:"stage"`
 			Verb           string `json:"verb"`
+			RequestURI     string `json:"requestURI"`
 			ResponseStatus struct {
 				Code int `json:"code"`
 			} `json:"responseStatus"`
@@ -271,7 +276,11 @@ func auditCounts(path string, offset int64) (map[string]int, int64) {
 		// A watch is logged when it starts (ResponseStarted) and when it
 		// ends; a refused one and a list only once (ResponseComplete).
 		if ev.Stage == "ResponseStarted" || (ev.Stage == "ResponseComplete" && (ev.Verb != "watch" || ev.ResponseStatus.Code != 200)) {
-			n[fmt.Sprintf("%s %d", ev.Verb, ev.ResponseStatus.Code)]++
+			kind := ev.Verb
+			if u, err := url.Parse(ev.RequestURI); err == nil && kind == "watch" && u.Query().Get("sendInitialEvents") == "true" {
+				kind = "watch-list"
+			}
+			n[fmt.Sprintf("%s %d", kind, ev.ResponseStatus.Code)]++
 		}
 	}
 	return n, int64(len(data))

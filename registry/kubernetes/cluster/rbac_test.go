@@ -49,7 +49,7 @@ func TestRoleVerbs(t *testing.T) {
 	cp := needCluster(t)
 	ctx := context.Background()
 	k := kubelet{cp.admin}
-	const app = "verbs"
+	app := uniqueName("verbs")
 	if _, err := cp.admin.CoreV1().Services(namespace).Create(ctx, headlessService(app), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -141,6 +141,61 @@ func waitFor(t *testing.T, step string, start time.Time, bound time.Duration, co
 	}
 }
 
+var names struct {
+	sync.Mutex
+	n map[string]int
+}
+
+// uniqueName returns prefix, then prefix2, prefix3, ... on later calls
+// (go test -count), for Services a test creates.
+func uniqueName(prefix string) string {
+	names.Lock()
+	defer names.Unlock()
+	if names.n == nil {
+		names.n = map[string]int{}
+	}
+	names.n[prefix]++
+	if n := names.n[prefix]; n > 1 {
+		return fmt.Sprintf("%s%d", prefix, n)
+	}
+	return prefix
+}
+
+// conditions returns the conditions the controller wrote for the pod's
+// endpoint, "ready=false serving=true terminating=true", or "absent".
+func conditions(t *testing.T, cp *controlPlane, svc, pod string) string {
+	t.Helper()
+	l, err := cp.admin.DiscoveryV1().EndpointSlices(namespace).List(context.Background(), metav1.ListOptions{
+		LabelSelector: discoveryv1.LabelServiceName + "=" + svc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := func(p *bool) string {
+		if p == nil {
+			return "nil"
+		}
+		return fmt.Sprint(*p)
+	}
+	for _, s := range l.Items {
+		for _, ep := range s.Endpoints {
+			if ep.TargetRef != nil && ep.TargetRef.Name == pod {
+				c := ep.Conditions
+				return fmt.Sprintf("ready=%s serving=%s terminating=%s", b(c.Ready), b(c.Serving), b(c.Terminating))
+			}
+		}
+	}
+	return "absent"
+}
+
+// wrote checks the conditions the controller wrote for pod.
+func wrote(t *testing.T, cp *controlPlane, svc, pod, want string) {
+	t.Helper()
+	if got := conditions(t, cp, svc, pod); got != want {
+		t.Errorf("the controller wrote %s for %s, want %s", got, pod, want)
+	}
+}
+
 // slicesOf returns the endpoint counts of the Service's EndpointSlices as
 // the controller wrote them, sorted.
 func slicesOf(t *testing.T, cp *controlPlane, svc string) []int {
@@ -171,7 +226,7 @@ func TestTransitions(t *testing.T) {
 	cp := needCluster(t)
 	ctx := context.Background()
 	k := kubelet{cp.admin}
-	const app = "web"
+	app := uniqueName("web")
 	if _, err := cp.admin.CoreV1().Services(namespace).Create(ctx, headlessService(app), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -189,6 +244,7 @@ func TestTransitions(t *testing.T) {
 		pods[ord] = p.UID
 	}
 	w.waitBackends(t, "3 pods running, not ready → gone", start, list(at(0, registry.Gone), at(1, registry.Gone), at(2, registry.Gone)))
+	wrote(t, cp, app, app+"-0", "ready=false serving=false terminating=false")
 
 	start = time.Now()
 	for ord := range 3 {
@@ -197,6 +253,7 @@ func TestTransitions(t *testing.T) {
 		}
 	}
 	w.waitBackends(t, "3 pods ready → ready", start, list(at(0, registry.Ready), at(1, registry.Ready), at(2, registry.Ready)))
+	wrote(t, cp, app, app+"-0", "ready=true serving=true terminating=false")
 	if got := slicesOf(t, cp, app); !slices.Equal(got, []int{3}) {
 		t.Fatalf("slices %v, want one of 3 endpoints", got)
 	}
@@ -219,6 +276,7 @@ func TestTransitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.waitBackends(t, "graceful delete → draining", start, list(at(0, registry.Ready), at(1, registry.Draining), at(2, registry.Ready), at(3, registry.Ready), at(4, registry.Ready)))
+	wrote(t, cp, app, app+"-1", "ready=false serving=true terminating=true")
 	snap := w.reg.Snapshot()
 	if b, ok := snap.Serving(1); !ok || b.State != registry.Draining {
 		t.Fatalf("draining web-1 does not serve its CIDs: %v %v", b, ok)
@@ -235,6 +293,7 @@ func TestTransitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.waitBackends(t, "terminating, Ready false → gone", start, list(at(0, registry.Ready), at(1, registry.Gone), at(2, registry.Ready), at(3, registry.Ready), at(4, registry.Ready)))
+	wrote(t, cp, app, app+"-1", "ready=false serving=false terminating=true")
 	if _, ok := w.reg.Snapshot().Serving(1); ok {
 		t.Fatal("web-1 still serves its CIDs")
 	}
@@ -245,6 +304,7 @@ func TestTransitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.waitBackends(t, "force delete → removed", start, list(at(0, registry.Ready), at(2, registry.Ready), at(3, registry.Ready), at(4, registry.Ready)))
+	wrote(t, cp, app, app+"-1", "absent")
 
 	// Scale-down 5 → 3 as a StatefulSet does it, from the top: the
 	// second slice empties and the endpoints are back in one.
