@@ -3,8 +3,8 @@
 // real control plane: etcd, kube-apiserver and kube-controller-manager of
 // k8s.io/kubernetes v1.37.2, built from source by the tests' TestMain into
 // one binary (cmd/kubecp) and started as processes on free loopback ports.
-// It holds no code of its own; it is a module of its own so that no other
-// module of the repository compiles Kubernetes server code.
+// Besides cmd/kubecp it holds only tests; it is a module of its own so that
+// no other module of the repository compiles Kubernetes server code.
 //
 //	cd registry/kubernetes/cluster && GOWORK=off go test -v .
 //
@@ -13,9 +13,10 @@
 // (see go.mod) and would merge k8s.io/kubernetes's requirements into every
 // other module's build list.
 //
-// The first run compiles Kubernetes (about 6 minutes on 2 cores, 3 GB of
-// memory at link time); the binaries go to $CIDROUTE_CLUSTER_CACHE (else
-// the user cache directory), and later runs only check them (seconds).
+// The first run compiles Kubernetes (1,750 CPU-seconds with the tests,
+// about 15 minutes of an idle 2-core machine; 3.5 GB of memory while
+// linking); the binaries go to $CIDROUTE_CLUSTER_CACHE (else the user
+// cache directory), and later runs only check them (6–12 s).
 // When the build fails (no network for the modules, no go) the tests skip,
 // unless CIDROUTE_REQUIRE_TOOLS=1 makes that a failure.
 //
@@ -31,7 +32,8 @@
 //     with the Role and RoleBinding of rbac.yaml applied from the file.
 //   - kube-controller-manager with the EndpointSlice controller (at most
 //     3 endpoints per slice, so that a few pods split), the service account
-//     controller and the StatefulSet controller.
+//     controller and the StatefulSet controller (no garbage collector: the
+//     tests delete what they made).
 //   - the test as node-a's scheduler and kubelet: pods are bound to node-a
 //     and their status is written as a kubelet writes it. In the traffic
 //     tests each pod gets a network namespace with an address on a bridge,
