@@ -13,7 +13,6 @@ import (
 // record every 200 ms, plus a new handshake every newEvery: what a fleet
 // of clients does while the test changes the cluster under it.
 type traffic struct {
-	t    *testing.T
 	p    *cidproxy
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -44,7 +43,7 @@ const echoEvery = 200 * time.Millisecond
 // them busy until halt.
 func runTraffic(t *testing.T, p *cidproxy, n int, newEvery time.Duration) *traffic {
 	t.Helper()
-	tr := &traffic{t: t, p: p, stop: make(chan struct{})}
+	tr := &traffic{p: p, stop: make(chan struct{})}
 	ss := make([]*session, n)
 	for i := range ss {
 		s, err := dial(context.Background(), p.addr, 10*time.Second)
