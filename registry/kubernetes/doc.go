@@ -13,6 +13,8 @@
 // stays out of the core: a program that does not import this package
 // neither downloads nor compiles any Kubernetes code.
 //
-// The Source needs get, list and watch on endpointslices
-// (discovery.k8s.io) in the Service's namespace, nothing else.
+// The Source needs list and watch on endpointslices
+// (discovery.k8s.io) in the Service's namespace, nothing else; it never
+// gets one by name. With an API server that offers streaming lists
+// (WatchList, on by default since Kubernetes 1.34) it only watches.
 package kubernetes

@@ -193,12 +193,13 @@ func TestManifests(t *testing.T) {
 				e.ValueFrom.FieldRef.FieldPath == "metadata.labels['apps.kubernetes.io/pod-index']")
 	}), "the backend learns its ordinal from the pod")
 
-	// RBAC: get/list/watch on endpointslices, nothing more.
+	// RBAC: list and watch on endpointslices, nothing more (the informer
+	// never gets one; registry/kubernetes/cluster shows each verb needed).
 	require.Len(t, role.Rules, 1)
 	rule := role.Rules[0]
 	require.Equal(t, []string{"discovery.k8s.io"}, rule.APIGroups)
 	require.Equal(t, []string{"endpointslices"}, rule.Resources)
-	require.ElementsMatch(t, []string{"get", "list", "watch"}, rule.Verbs)
+	require.ElementsMatch(t, []string{"list", "watch"}, rule.Verbs)
 	require.Empty(t, rule.ResourceNames)
 	require.Empty(t, rule.NonResourceURLs)
 	require.Equal(t, rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}, rb.RoleRef)

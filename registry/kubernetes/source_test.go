@@ -134,6 +134,26 @@ func (h *records) count(level slog.Level, msg string) int {
 	return n
 }
 
+// errAttrs returns the "err" attributes of the records at level that
+// contain msg, in order.
+func (h *records) errAttrs(level slog.Level, msg string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var errs []string
+	for _, r := range h.recs {
+		if r.Level != level || !strings.Contains(r.Message, msg) {
+			continue
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "err" {
+				errs = append(errs, a.Value.String())
+			}
+			return true
+		})
+	}
+	return errs
+}
+
 // running is a Source running against a registry until the test ends.
 type running struct {
 	reg  *registry.Registry
@@ -351,6 +371,36 @@ func TestSourceUnreachable(t *testing.T) {
 			require.Equal(t, 1, r.logs.count(slog.LevelWarn, "cannot watch"), "one warning per outage")
 		})
 	}
+}
+
+// TestSourceFailureChangesKind: within one outage, a failure of another
+// kind is logged again, so that the log names what is wrong now: an API
+// server that returns from a restart refusing the proxy (its RoleBinding
+// was deleted while the old watch, authorized when it opened, still ran)
+// must not hide behind the "connection refused" of the restart. Retries of
+// the same kind stay quiet.
+func TestSourceFailureChangesKind(t *testing.T) {
+	c := newCluster(t, slice("svc-a", pod("ds-0", "10.0.0.1", ready)))
+	r := start(t, c, 300*time.Millisecond)
+	r.waitBackends(t, be(0, "10.0.0.1:5684", registry.Ready))
+
+	c.fail(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+	eventually(t, r.reg.Stale, "the registry to go stale")
+	eventually(t, func() bool { return r.logs.count(slog.LevelWarn, "cannot watch") == 1 }, "the outage's warning")
+
+	c.fail(apierrors.NewForbidden(slicesGVR.GroupResource(), "",
+		errors.New(`User "system:serviceaccount:cidroute:cidproxy" cannot list resource "endpointslices"`)))
+	eventually(t, func() bool { return r.logs.count(slog.LevelWarn, "cannot watch") == 2 }, "a warning for the refusal")
+	errs := r.logs.errAttrs(slog.LevelWarn, "cannot watch")
+	require.Contains(t, errs[0], "connection refused")
+	require.Contains(t, errs[1], "forbidden")
+	// The reflector retries (0.8 s, then backing off); none is logged.
+	time.Sleep(2 * time.Second)
+	require.Equal(t, 2, r.logs.count(slog.LevelWarn, "cannot watch"))
+
+	c.recover()
+	eventually(t, func() bool { return !r.reg.Stale() }, "the registry to be fresh again")
+	eventually(t, func() bool { return r.logs.count(slog.LevelInfo, "watching EndpointSlices again") == 1 }, "the recovery log")
 }
 
 func TestSourceRejectedListIsNotConfirmed(t *testing.T) {

@@ -29,7 +29,7 @@ type watchHealth struct {
 
 	mu      sync.Mutex
 	healthy bool
-	failing bool // a failure has been logged and no success since
+	failing string // the kind of the failure last logged (failureKind); "" after a success
 }
 
 func (h *watchHealth) ok() bool {
@@ -50,16 +50,18 @@ func (h *watchHealth) watching() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.healthy = true
-	if h.failing {
-		h.failing = false
+	if h.failing != "" {
+		h.failing = ""
 		h.log.Info("kubernetes: watching EndpointSlices again")
 	}
 }
 
 // failed is called for a failed List or Watch call and from the informer's
-// watch error handler. It logs once per outage, not once per retry. A quiet
-// failure (a streaming list the server does not offer) is logged at debug
-// level only.
+// watch error handler. It logs once per outage and kind of failure, not
+// once per retry: an API server that comes back refusing the proxy
+// (Forbidden after a restart that ended an authorized watch) is logged
+// again, so the log names what is wrong now. A quiet failure (a streaming
+// list the server does not offer) is logged at debug level only.
 func (h *watchHealth) failed(err error, quiet bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -68,10 +70,20 @@ func (h *watchHealth) failed(err error, quiet bool) {
 		h.log.Debug("kubernetes: streaming list failed; the informer falls back to a plain list", "err", err)
 		return
 	}
-	if !h.failing {
-		h.failing = true
+	if k := failureKind(err); k != h.failing {
+		h.failing = k
 		h.log.Warn("kubernetes: cannot watch EndpointSlices; not confirming the backends until the watch is back", "err", err)
 	}
+}
+
+// failureKind classifies a failure for the log: the reason of an API
+// status (Forbidden, Unauthorized, ServiceUnavailable, ...), else
+// "unreachable" (refused or broken connections, timeouts, TLS).
+func failureKind(err error) string {
+	if r := apierrors.ReasonForError(err); r != metav1.StatusReasonUnknown {
+		return string(r)
+	}
+	return "unreachable"
 }
 
 // observedClient is the caller's client with the EndpointSlice List and
