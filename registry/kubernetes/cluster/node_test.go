@@ -304,7 +304,7 @@ func keysFile(t *testing.T) string {
 			t.Fatal(err)
 		}
 		// The proxies' cid_length 8: 6 nonce octets.
-		f, err := cidkeys.Open(p, 6)
+		f, err := cidkeys.Open(context.Background(), p, 6)
 		if err != nil {
 			t.Fatal(err)
 		}
