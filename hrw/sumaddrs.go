@@ -12,6 +12,12 @@ import (
 // sumAddrs is sum64(AppendAddr(AppendAddr(nil, c), s), seed) with the
 // 36-byte key's XXH64 lanes made from the addresses' words: building the
 // key bytewise and loading it back by words stalls on store forwarding.
+// One of the tricks issue 18 measures (bash bench/tricks.sh e2e 4,
+// 2026-12-01, load 3-4, noise about ±1.7 %): end to end it saves -0.3 %
+// at 100k/s, -0.3 % at 50k/s, -1.6 % at 25k/s, nothing measurable; it
+// stays for the routing step's 60 ns target (see dispatch.go), which the
+// cidroute_plain_hrw build of sumaddrs_plain.go misses with the plain
+// dispatch.
 func sumAddrs(c, s netip.AddrPort, seed uint64) uint64 {
 	c0, c1 := lanes(c.Addr())
 	s0, s1 := lanes(s.Addr())

@@ -14,7 +14,8 @@ import (
 // and both callers already hold them in memory), and growSlow stays out of
 // line so that the common path inlines. It is one of the tricks issue 18
 // measures end to end; the cidroute_plain_ppv2 build tag selects the plain
-// version in append_plain.go.
+// version in append_plain.go. measured end to end (bash bench/tricks.sh e2e 4, 2026-12-01, load 3-4: cidproxy's CPU per datagram under ../shared/bench against the build without it; noise about ±1.7 %): it saves
+// 5.4 % at 100k/s, 2.7 % at 50k/s, -0.9 % at 25k/s: kept.
 
 func appendProxyHeader(dst []byte, h *Header) ([]byte, error) {
 	return appendProxy(dst, &h.Src, &h.Dst)
