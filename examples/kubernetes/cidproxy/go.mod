@@ -80,4 +80,5 @@ replace (
 	github.com/cidroute/cidroute/promcollector => ../../../promcollector
 	github.com/cidroute/cidroute/quic/quicgo => ../../../quic/quicgo
 	github.com/cidroute/cidroute/registry/kubernetes => ../../../registry/kubernetes
+	github.com/cidroute/cidroute/xdp => ../../../xdp
 )
