@@ -24,6 +24,10 @@ const (
 // three pods takes seconds, not minutes; the order of events is the same.
 const drainTimeout = "4s"
 
+// preStopSeconds replaces the manifests' preStop sleep of 5 s: the proxies
+// see a terminating pod well within 1 s here (0.06 s measured).
+const preStopSeconds = 1
+
 // startBackends applies backend.yaml (the headless Service and the
 // StatefulSet ds, 3 replicas) with the shorter drain, runs node-a for its
 // pods and waits until the StatefulSet controller reports them all ready.
@@ -38,6 +42,7 @@ func startBackends(t *testing.T, cp *controlPlane) *node {
 			cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 			c := cs[0].(map[string]any)
 			c["args"] = append(c["args"].([]any), "-drain-timeout", drainTimeout)
+			unstructured.SetNestedField(c, int64(preStopSeconds), "lifecycle", "preStop", "sleep", "seconds")
 			unstructured.SetNestedSlice(o.Object, cs, "spec", "template", "spec", "containers")
 		}
 		return true

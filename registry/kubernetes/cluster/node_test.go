@@ -160,7 +160,7 @@ func (n *node) sync(ctx context.Context, p *corev1.Pod) {
 			if p.DeletionGracePeriodSeconds != nil {
 				grace = time.Duration(*p.DeletionGracePeriodSeconds) * time.Second
 			}
-			n.wg.Go(func() { n.terminate(ctx, r, grace) })
+			n.wg.Go(func() { n.terminate(ctx, r, preStopSleep(p), grace) })
 		}
 	case p.Spec.NodeName == "":
 		if err := n.k.bind(ctx, p); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
@@ -219,9 +219,30 @@ func (n *node) run(ctx context.Context, p *corev1.Pod) error {
 	return nil
 }
 
+// preStopSleep is the pod's preStop sleep (its first container's), which
+// a kubelet runs before SIGTERM, within the grace period.
+func preStopSleep(p *corev1.Pod) time.Duration {
+	if len(p.Spec.Containers) == 0 {
+		return 0
+	}
+	l := p.Spec.Containers[0].Lifecycle
+	if l == nil || l.PreStop == nil || l.PreStop.Sleep == nil {
+		return 0
+	}
+	return time.Duration(l.PreStop.Sleep.Seconds) * time.Second
+}
+
 // terminate stops the pod's container as a kubelet does at a graceful
-// delete, reports the exit and deletes the pod.
-func (n *node) terminate(ctx context.Context, r *podRun, grace time.Duration) {
+// delete: the preStop sleep, then SIGTERM, then SIGKILL when the grace
+// period is over; it reports the exit and deletes the pod.
+func (n *node) terminate(ctx context.Context, r *podRun, preStop, grace time.Duration) {
+	start := time.Now()
+	select {
+	case <-time.After(min(preStop, grace)):
+	case <-ctx.Done():
+		return
+	}
+	grace -= time.Since(start)
 	t0 := time.Now()
 	r.proc.signal(syscall.SIGTERM)
 	select {
