@@ -108,10 +108,15 @@ func TestStartAndRebind(t *testing.T) {
 	if !bytes.Equal(c.CID(), rec[11:19]) {
 		t.Fatalf("CID %x", c.CID())
 	}
+	// A reply is counted after its send returns, so the client can read it
+	// before the replica's counter moves: wait for the counts.
 	for _, p := range []*Proxy{a, b} {
-		st := p.Stats()[0]
-		if st.Forward.Forwarded != 1 || st.Reverse.Forwarded != 1 {
-			t.Fatalf("replica %v: %+v", p.Addr, st)
+		deadline := time.Now().Add(5 * time.Second)
+		for st := p.Stats()[0]; st.Forward.Forwarded != 1 || st.Reverse.Forwarded != 1; st = p.Stats()[0] {
+			if time.Now().After(deadline) {
+				t.Fatalf("replica %v: %+v", p.Addr, st)
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
 	}
 	// The registry is the replica's own: a removed backend's CID is dropped.
