@@ -23,7 +23,11 @@ const (
 	// life, and Run raises GOMAXPROCS above their number so that a thread
 	// returning from the kernel always finds a P (with too few, locked
 	// threads hand the Ps around through sysmon, in millisecond stalls).
-	// A transparent worker's sessions still relay on the netpoller.
+	// One thread rather than one per direction: on the independent
+	// benchmark a thread per direction, each in its own epoll set, lost
+	// more at 100k/s and cost 1.16–1.29× as much flat out (README,
+	// Performance). A transparent worker's sessions still relay on the
+	// netpoller.
 	// Linux only; elsewhere workers use the netpoller.
 	WaitThread
 )
