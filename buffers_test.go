@@ -2,6 +2,7 @@ package cidroute
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -28,6 +30,11 @@ func TestBufferCapWarned(t *testing.T) {
 		t.Skip("buffer sizes are probed on Linux")
 	}
 	if os.Getenv(bufferChildEnv) == "" {
+		// Under an emulator (qemu-user) the test binary is not one the
+		// host can exec, in a namespace or not.
+		if err := exec.Command(os.Args[0], "-test.run=^$").Run(); errors.Is(err, syscall.ENOEXEC) {
+			t.Skipf("the test binary does not run natively here: %v", err)
+		}
 		unshare := testtool.Look(t, "util-linux", "unshare")
 		cmd := exec.Command(unshare, "--user", "--map-root-user", os.Args[0], "-test.run=^TestBufferCapWarned$", "-test.count=1", "-test.v")
 		cmd.Env = append(os.Environ(), bufferChildEnv+"=1")

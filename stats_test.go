@@ -1,6 +1,7 @@
 package cidroute
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"runtime"
@@ -24,6 +25,14 @@ func TestKernelDropsAndBatches(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the kernel's drop count is read on Linux (SO_MEMINFO)")
 	}
+	probe, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	_, err = udpio.KernelDrops(probe)
+	probe.Close()
+	if errors.Is(err, udpio.ErrNotSupported) {
+		t.Skipf("the kernel's drop count cannot be read here (%v)", err)
+	}
+	require.NoError(t, err)
 	for _, wait := range []WaitMode{WaitNetpoller, WaitThread} {
 		t.Run(wait.String(), func(t *testing.T) {
 			testWait = wait

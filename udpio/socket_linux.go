@@ -166,7 +166,8 @@ func BufferSizes(c syscall.Conn) (recv, send int, err error) {
 // was full (the socket's sk_drops, which SO_RXQ_OVFL would report with
 // every datagram): one getsockopt(SO_MEMINFO) when asked, nothing on the
 // receive path. The kernel keeps the count in 32 bits, so it wraps at
-// 2³².
+// 2³². Where the count cannot be read (an emulator that does not pass
+// SO_MEMINFO through) the error wraps ErrNotSupported.
 func KernelDrops(c syscall.Conn) (uint32, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -174,8 +175,8 @@ func KernelDrops(c syscall.Conn) (uint32, error) {
 	}
 	var info [unix.SK_MEMINFO_VARS]uint32
 	var serr error
+	l := uint32(unsafe.Sizeof(info))
 	err = rc.Control(func(fd uintptr) {
-		l := uint32(unsafe.Sizeof(info))
 		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_MEMINFO,
 			uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&l)), 0)
 		if e != 0 {
@@ -184,6 +185,11 @@ func KernelDrops(c syscall.Conn) (uint32, error) {
 	})
 	if err = errors.Join(err, serr); err != nil {
 		return 0, fmt.Errorf("udpio: kernel drops: %w", err)
+	}
+	// An emulator (qemu-user) may answer with less than the kernel's
+	// array, as if the option were an int: no count, not a count of 0.
+	if l < (unix.SK_MEMINFO_DROPS+1)*4 {
+		return 0, fmt.Errorf("udpio: kernel drops: SO_MEMINFO answered %d bytes: %w", l, ErrNotSupported)
 	}
 	return info[unix.SK_MEMINFO_DROPS], nil
 }
