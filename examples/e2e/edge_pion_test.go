@@ -249,7 +249,9 @@ func TestEdgePionSessionOutlivesItsEdge(t *testing.T) {
 	}
 	l := newEdgeLab(t, 5*ms, 30*ms)
 	w := newEdgeWatch()
-	const silence = 300 * ms
+	// Long enough that a reply through B delayed by a loaded machine (and
+	// -race) is not taken for B's death; short against A's slow 2 s.
+	const silence = 600 * ms
 	d := l.pionDialer(t, w, piondtls.EdgeConfig{Silence: silence}, "A", "B")
 	c, err := d.Dial(t.Context())
 	require.NoError(t, err)
@@ -260,12 +262,12 @@ func TestEdgePionSessionOutlivesItsEdge(t *testing.T) {
 	owner := answeredBy(t, reply, "hello")
 	hs := l.dtlsHandshakes()
 
-	// A gets slow: 500 ms each way. A message goes out through it and,
-	// 300 ms without an answer later, the silence detector moves the
+	// A gets slow: 1 s each way. A message goes out through it and,
+	// 600 ms without an answer later, the silence detector moves the
 	// session to B, before the message even reaches the backend. The
 	// backend answers through A, where the message came from; the answer
 	// is read all the same. The next message goes through B.
-	l.edge("A").link.setRTT(time.Second)
+	l.edge("A").link.setRTT(2 * time.Second)
 	m0 := w.mark()
 	_, err = c.Write([]byte("slow"))
 	require.NoError(t, err)
@@ -282,6 +284,8 @@ func TestEdgePionSessionOutlivesItsEdge(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, owner, answeredBy(t, reply, "fast"))
 	l.edge("A").link.setRTT(5 * ms)
+	require.Equal(t, "B", l.edgeOf(c.Edge()), "on B when the stream starts")
+	require.Equal(t, uint64(1), c.Stats().Silences, "one silence so far: A's")
 
 	// A stream of messages; B dies in the middle of it.
 	type sent struct {
