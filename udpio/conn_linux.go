@@ -74,10 +74,6 @@ func (c *Conn) Detach() error {
 	return nil
 }
 
-// errShutdown is what ReadBatch returns once shutdown(2) ended the
-// socket's reception.
-var errShutdown = fmt.Errorf("udpio: socket shut down: %w", net.ErrClosed)
-
 // SyscallConn gives access to the socket the Conn does its IO on (the
 // UDPConn's, or its own after Detach), for options such as KernelDrops and
 // for passing the descriptor to another process.
@@ -340,15 +336,6 @@ func (c *Conn) ReadBatch(ms []Message) (int, error) {
 	}
 	for i := range n {
 		h := &rx.hs[i]
-		if h.Hdr.Namelen == 0 {
-			// Not a datagram (UDP always names its sender) but the
-			// end of reception after shutdown(2); what came before it
-			// is delivered first.
-			if i == 0 {
-				return 0, errShutdown
-			}
-			return i, nil
-		}
 		m := &ms[i]
 		m.N = int(h.Len)
 		m.Addr = decodeSockaddr(&rx.names[i], h.Hdr.Namelen)
