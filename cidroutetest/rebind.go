@@ -20,7 +20,8 @@ import (
 // replicas answer from the one public address. Its methods are safe for
 // concurrent use.
 type RebindConn struct {
-	remote net.Addr // what the stack is told it talks to
+	remote net.Addr                     // what the stack is told it talks to
+	listen func() (*net.UDPConn, error) // a fresh socket
 
 	mu     sync.Mutex
 	udp    *net.UDPConn
@@ -38,10 +39,19 @@ type RebindConn struct {
 // report target as their source, unless remote is given: then remote is
 // what the stack sees as its peer for the RebindConn's whole life.
 func ListenRebind(target netip.AddrPort, remote net.Addr) (*RebindConn, error) {
+	return ListenRebindFunc(func() (*net.UDPConn, error) {
+		return net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	}, target, remote)
+}
+
+// ListenRebindFunc is ListenRebind with the sockets opened by listen, for
+// a client elsewhere than on 127.0.0.1 (another address, another network
+// namespace, a fixed port).
+func ListenRebindFunc(listen func() (*net.UDPConn, error), target netip.AddrPort, remote net.Addr) (*RebindConn, error) {
 	if remote == nil {
 		remote = net.UDPAddrFromAddrPort(target)
 	}
-	c := &RebindConn{remote: remote}
+	c := &RebindConn{remote: remote, listen: listen}
 	if err := c.Rebind(target); err != nil {
 		return nil, err
 	}
@@ -51,7 +61,7 @@ func ListenRebind(target netip.AddrPort, remote net.Addr) (*RebindConn, error) {
 // Rebind moves to a fresh socket (a new source port) that sends to
 // target. A read blocked on the old socket goes on reading the new one.
 func (c *RebindConn) Rebind(target netip.AddrPort) error {
-	u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	u, err := c.listen()
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/cidroutetest"
 	cidpion "github.com/cidroute/cidroute/dtls/piondtls"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	cidquic "github.com/cidroute/cidroute/quic"
@@ -36,85 +36,6 @@ var (
 	vipQUIC = netip.MustParseAddrPort("198.51.100.80:443")
 	psk     = []byte("cidroute xdp wire test")
 )
-
-// swapConn is a client socket that can change its port (a NAT rebinding)
-// and the proxy replica it sends to, while the DTLS or QUIC stack above
-// believes it talks to the public address throughout.
-type swapConn struct {
-	remote net.Addr
-	listen func() *net.UDPConn // a new socket in the client namespace
-
-	mu  sync.Mutex
-	udp *net.UDPConn
-	to  netip.AddrPort
-	end bool
-}
-
-func newSwapConn(listen func() *net.UDPConn, remote, to netip.AddrPort) *swapConn {
-	return &swapConn{remote: net.UDPAddrFromAddrPort(remote), listen: listen, udp: listen(), to: to}
-}
-
-// rebind moves to a new port and sends to replica to from now on.
-func (c *swapConn) rebind(to netip.AddrPort) {
-	u := c.listen()
-	c.mu.Lock()
-	old := c.udp
-	c.udp, c.to = u, to
-	c.mu.Unlock()
-	old.Close()
-}
-
-func (c *swapConn) local() netip.AddrPort {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.udp.LocalAddr().(*net.UDPAddr).AddrPort()
-}
-
-func (c *swapConn) ReadFrom(b []byte) (int, net.Addr, error) {
-	for {
-		c.mu.Lock()
-		u := c.udp
-		c.mu.Unlock()
-		n, _, err := u.ReadFromUDPAddrPort(b)
-		if err == nil {
-			return n, c.remote, nil
-		}
-		c.mu.Lock()
-		swapped := c.udp != u && !c.end
-		c.mu.Unlock()
-		if !swapped {
-			return 0, nil, err
-		}
-	}
-}
-
-func (c *swapConn) WriteTo(b []byte, _ net.Addr) (int, error) {
-	c.mu.Lock()
-	u, to := c.udp, c.to
-	c.mu.Unlock()
-	return u.WriteToUDPAddrPort(b, to)
-}
-
-func (c *swapConn) Close() error {
-	c.mu.Lock()
-	c.end = true
-	u := c.udp
-	c.mu.Unlock()
-	return u.Close()
-}
-
-func (c *swapConn) LocalAddr() net.Addr { return net.UDPAddrFromAddrPort(c.local()) }
-func (c *swapConn) SetDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.udp.SetDeadline(t)
-}
-func (c *swapConn) SetReadDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.udp.SetReadDeadline(t)
-}
-func (c *swapConn) SetWriteDeadline(time.Time) error { return nil }
 
 // wire is the topology with backends, two proxy replicas and the fast
 // path on replica A.
@@ -294,8 +215,19 @@ func newWire(t *testing.T) *wire {
 }
 
 // clientSocket opens a socket in the client namespace.
-func (w *wire) clientSocket(t testing.TB) func() *net.UDPConn {
-	return func() *net.UDPConn { return listenUDP(t, w.client, netip.AddrPortFrom(clientAddr, 0)) }
+func (w *wire) clientSocket(t testing.TB) func() (*net.UDPConn, error) {
+	return func() (*net.UDPConn, error) { return listenUDP(t, w.client, netip.AddrPortFrom(clientAddr, 0)), nil }
+}
+
+// rebindConn is a client socket in the client namespace that can change
+// its port (a NAT rebinding) and the replica it sends to, while the DTLS
+// or QUIC stack above believes it talks to the public address throughout.
+func rebindConn(t testing.TB, listen func() (*net.UDPConn, error), remote, via netip.AddrPort) *cidroutetest.RebindConn {
+	c, err := cidroutetest.ListenRebindFunc(listen, via, net.UDPAddrFromAddrPort(remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // roundTrip writes msg and reads the reply, returning the answering
@@ -326,14 +258,14 @@ func roundTrip(t testing.TB, rw io.ReadWriter, setDeadline func(time.Time) error
 }
 
 type dtlsSession struct {
-	sock *swapConn
+	sock *cidroutetest.RebindConn
 	conn *piondtls.Conn
 	ord  int
 }
 
 func (w *wire) dialDTLS(t *testing.T, via netip.AddrPort) *dtlsSession {
 	t.Helper()
-	sock := newSwapConn(w.clientSocket(t), vipDTLS, via)
+	sock := rebindConn(t, w.clientSocket(t), vipDTLS, via)
 	conn, err := piondtls.Client(sock, net.UDPAddrFromAddrPort(vipDTLS), &piondtls.Config{
 		PSK: func([]byte) ([]byte, error) { return psk, nil }, PSKIdentityHint: []byte("xdp"),
 		CipherSuites:          []piondtls.CipherSuiteID{piondtls.TLS_PSK_WITH_AES_128_CCM_8},
@@ -353,14 +285,14 @@ func (w *wire) dialDTLS(t *testing.T, via netip.AddrPort) *dtlsSession {
 }
 
 type quicSession struct {
-	sock   *swapConn
+	sock   *cidroutetest.RebindConn
 	stream *quic.Stream
 	ord    int
 }
 
 func (w *wire) dialQUIC(t *testing.T, via netip.AddrPort) *quicSession {
 	t.Helper()
-	sock := newSwapConn(w.clientSocket(t), vipQUIC, via)
+	sock := rebindConn(t, w.clientSocket(t), vipQUIC, via)
 	tr := &quic.Transport{Conn: sock}
 	t.Cleanup(func() { tr.Close(); sock.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -406,13 +338,17 @@ func TestWire(t *testing.T) {
 	// port.
 	for _, via := range []struct{ d, q netip.AddrPort }{{w.dB, w.qB}, {w.dA, w.qA}} {
 		for i, s := range ds {
-			s.sock.rebind(via.d)
+			if err := s.sock.Rebind(via.d); err != nil {
+				t.Fatal(err)
+			}
 			if o := roundTrip(t, s.conn, s.conn.SetReadDeadline, fmt.Sprintf("dtls rebound %d", i)); o != s.ord {
 				t.Fatalf("dtls session %d via %v after rebinding: backend %d, was %d", i, via.d, o, s.ord)
 			}
 		}
 		for i, s := range qs {
-			s.sock.rebind(via.q)
+			if err := s.sock.Rebind(via.q); err != nil {
+				t.Fatal(err)
+			}
 			if o := roundTrip(t, s.stream, s.stream.SetReadDeadline, fmt.Sprintf("quic rebound %d", i)); o != s.ord {
 				t.Fatalf("quic session %d via %v after rebinding: backend %d, was %d", i, via.q, o, s.ord)
 			}
@@ -422,15 +358,15 @@ func TestWire(t *testing.T) {
 	// Replica agreement for new sessions: the same client port through A
 	// (XDP) and B (sockets) hashes to the same backend.
 	for i := range 4 {
-		u := w.clientSocket(t)()
+		u, _ := w.clientSocket(t)()
 		port := u.LocalAddr().(*net.UDPAddr).Port
 		u.Close()
 		var ords [2]int
 		for j, via := range []netip.AddrPort{w.dA, w.dB} {
-			fixed := func() *net.UDPConn {
-				return listenUDP(t, w.client, netip.AddrPortFrom(clientAddr, uint16(port)))
+			fixed := func() (*net.UDPConn, error) {
+				return listenUDP(t, w.client, netip.AddrPortFrom(clientAddr, uint16(port))), nil
 			}
-			sock := newSwapConn(fixed, vipDTLS, via)
+			sock := rebindConn(t, fixed, vipDTLS, via)
 			conn, err := piondtls.Client(sock, net.UDPAddrFromAddrPort(vipDTLS), &piondtls.Config{
 				PSK: func([]byte) ([]byte, error) { return psk, nil }, PSKIdentityHint: []byte("xdp"),
 				CipherSuites:          []piondtls.CipherSuiteID{piondtls.TLS_PSK_WITH_AES_128_CCM_8},
