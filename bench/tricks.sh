@@ -6,15 +6,13 @@
 #
 #   bash bench/tricks.sh micro [ROUNDS]   # the package benchmarks, ≈ 3 min with 5 rounds
 #   bash bench/tricks.sh e2e [ROUNDS]     # cidproxy end to end under ../shared/bench/run.sh, ≈ 20 s per run:
-#                                         # 7 builds × ROUNDS runs (6 rounds ≈ 15 min)
+#                                         # 5 builds × ROUNDS runs (6 rounds ≈ 11 min)
 #   TRICKS="default ppv2 none" bash bench/tricks.sh e2e 4   # only these builds
 #   RATES=25000,50000 bash bench/tricks.sh e2e              # offered rates (default 25000,50000,100000)
 #
 # Builds ("default" has every trick; "none" has none; the others lack one):
 #   addr      -tags purego                  internal/addr reads netip.Addr's words through unsafe
-#   dispatch  -tags cidroute_plain_dispatch the Router calls its built-in stages without interfaces
 #   ppv2      -tags cidroute_plain_ppv2     pointer arguments and //go:noinline in the PPv2 encoder
-#   hrw       -tags cidroute_plain_hrw      the hand-unrolled XXH64 of the HRW address key
 #   dtls      -tags cidroute_plain_dtls     dtls.Classify's second copy of the record checks
 #
 # Results: bench/out/tricks-<mode>-<time>/, summarised at the end by
@@ -30,13 +28,11 @@ case "$mode" in micro | e2e) ;; *) sed -n '2,24p' "$0"; exit 2 ;; esac
 declare -A tags=(
 	[default]=""
 	[addr]="purego"
-	[dispatch]="cidroute_plain_dispatch"
 	[ppv2]="cidroute_plain_ppv2"
-	[hrw]="cidroute_plain_hrw"
 	[dtls]="cidroute_plain_dtls"
-	[none]="purego,cidroute_plain_dispatch,cidroute_plain_ppv2,cidroute_plain_hrw,cidroute_plain_dtls"
+	[none]="purego,cidroute_plain_ppv2,cidroute_plain_dtls"
 )
-read -r -a variants <<<"${TRICKS:-default addr dispatch ppv2 hrw dtls none}"
+read -r -a variants <<<"${TRICKS:-default addr ppv2 dtls none}"
 for v in "${variants[@]}"; do
 	[[ -v "tags[$v]" ]] || { echo "unknown build $v"; exit 2; }
 done
