@@ -43,6 +43,13 @@ func TestParseConfigGood(t *testing.T) {
 			require.Zero(t, s.MaxAge)
 			require.Equal(t, []registry.Backend{{Ordinal: 0, Addr: netip.MustParseAddrPort("127.0.0.1:6000"), Weight: 1}}, s.Backends)
 			require.Equal(t, cidroute.Limits{}, s.Limits)
+			require.Equal(t, DefaultRecvBuffer, s.RecvBuffer, "recv_buffer absent")
+			require.Zero(t, s.SendBuffer)
+		}},
+		{"socket buffers", withServices(`{`+svc+`, "recv_buffer": 0, "send_buffer": 65536}`, `{"name": "b", "protocol": "dtls", "listen": "127.0.0.1:2", "backends_file": "f", "recv_buffer": 1048576}`), func(t *testing.T, c *Config) {
+			require.Zero(t, c.Services[0].RecvBuffer, "0 is the kernel's default")
+			require.Equal(t, 65536, c.Services[0].SendBuffer)
+			require.Equal(t, 1<<20, c.Services[1].RecvBuffer)
 		}},
 		{"quic default cid length", withServices(`{"name": "h3", "protocol": "quic", "listen": "[::]:443", "backends_file": "b.json"}`), func(t *testing.T, c *Config) {
 			require.Equal(t, cidroute.QUIC, c.Services[0].Protocol)
@@ -132,6 +139,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"unknown backend key", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 0, "adress": "1.1.1.1:1"}]}`), `services[0] ("a"): backends`},
 		{"negative seed", `{"hrw_seed": -1, "services": [{` + svc + `}]}`, "hrw_seed: JSON number -1 where a non-negative integer is expected"},
 		{"string workers", withServices(`{` + svc + `, "workers": "2"}`), "workers: JSON string where an integer is expected"},
+		{"negative recv buffer", withServices(`{` + svc + `, "recv_buffer": -1}`), "recv_buffer -1, send_buffer 0: want 0 (the kernel's default)"},
 		{"bad log level", `{"log_level": "verbose", "services": [{` + svc + `}]}`, `log_level "verbose"`},
 		{"bad wait", `{"wait": "spin", "services": [{` + svc + `}]}`, `wait: cidroute: wait "spin"`},
 		{"bad metrics address", `{"metrics_listen": "9184", "services": [{` + svc + `}]}`, "metrics_listen"},
