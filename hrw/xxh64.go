@@ -10,6 +10,10 @@ const prime4 uint64 = 9650029242287828579
 // sum64 is XXH64(b, seed), what xxhash.Digest gives after ResetWithSeed
 // and Write(b), in one call: the Digest's buffering costs more than the
 // hash of a 36-byte key. TestSum64 and FuzzSum64 hold it to the package.
+// With the Digest instead (2026-12-02, load 0.5): PickAddrs 15 → 20 ns and
+// BenchmarkRoute's DTLS ClientHello 53 → 61–63 ns, over the routing
+// step's 60 ns; end to end that is about 0.2 % of a datagram's CPU, so it
+// stays for that target, not for the 1 % line.
 func sum64(b []byte, seed uint64) uint64 {
 	n := len(b)
 	var h uint64
