@@ -111,11 +111,7 @@ func TestEdgeQUICSwitchIsAReconnect(t *testing.T) {
 	// rides on a probe of B and breaks the streak: a CI run under -race).
 	l.edge("A").link.setRTT(60 * ms)
 	require.Nil(t, w.round(t), "one round is not enough")
-	var moved *edge.Switch
-	for r := 2; moved == nil && r <= 6; r++ {
-		moved = w.round(t)
-	}
-	require.NotNil(t, moved)
+	require.NotNil(t, w.switchWithin(t, 5))
 	sw, old, nc := rec.wait(t)
 	assert.Equal(t, edge.Better, sw.Reason)
 	assert.Same(t, first, old)
