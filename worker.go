@@ -37,7 +37,8 @@ type worker struct {
 	// poll is the Poller of WaitThread: the worker's one loop waits in it
 	// for the service socket and, in PPv2 mode, the upstream socket; nil
 	// with the netpoller.
-	poll *udpio.Poller
+	poll   *udpio.Poller
+	yields atomic.Uint64 // the thread loop's (yieldEvery)
 }
 
 // An upstream is the worker's side towards the backends, chosen when the
@@ -119,18 +120,21 @@ func (w *worker) forwardLoop() error {
 // so that a full client queue never starves the replies (nor replies the
 // clients); a socket whose batch came back short has been emptied as far
 // as it went, and the level-triggered Poller reports what arrived since.
+// While batches keep coming the goroutine yields every yieldEvery.
 func (w *worker) threadLoop() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var c Counters
 	ready := make([]bool, w.polled())
 	full := len(w.fwdIn)
+	y := newYielder(&w.yields)
 	for {
 		woken, err := w.poll.Wait(ready)
 		if woken || err != nil {
 			return err
 		}
 		for ready[0] || len(ready) == 2 && ready[1] {
+			y.batch(time.Now())
 			if ready[0] {
 				n, rerr, err := w.forwardBatch(&c)
 				if err := loopErr(rerr, err); err != nil {
