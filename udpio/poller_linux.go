@@ -18,7 +18,12 @@ import (
 // it: no thread handoff, no netpoller.
 //
 // Wait must not be called concurrently with itself; Wake may be called
-// from any goroutine, at any time.
+// from any goroutine, at any time. A loop on a locked thread never blocks
+// in Go, so the runtime never reschedules it, and after 10 ms the
+// runtime's sysmon takes it for one running too long: it takes the
+// thread's P at its syscalls and polls every 20 µs, on the loop's CPU.
+// While datagrams keep coming, yield (runtime.Gosched) every few
+// milliseconds, as cidroute's workers do.
 type Poller struct {
 	ep, ev int // the epoll set, and the eventfd Wake writes
 	conns  []*Conn
