@@ -28,7 +28,8 @@ const (
 	// (yieldEvery).
 	// One thread rather than one per direction: on the independent
 	// benchmark a thread per direction, each in its own epoll set, lost
-	// more at 100k/s and cost 1.16–1.29× as much flat out (README,
+	// more at 100k/s and cost 1.16–1.29× as much flat out, measured before
+	// the yield, with sysmon polling on the same CPU (README,
 	// Performance). A transparent worker's sessions still relay on the
 	// netpoller.
 	// Linux only; elsewhere workers use the netpoller.
