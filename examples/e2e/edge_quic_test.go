@@ -94,7 +94,10 @@ func TestEdgeQUICSwitchIsAReconnect(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	l := newEdgeLab(t, 5*ms, 30*ms)
+	// B 55 ms behind A: the dial's single probe of each edge must pick A
+	// even when a loaded machine delays the probe of A by tens of
+	// milliseconds (a CI run picked B with a 25 ms gap).
+	l := newEdgeLab(t, 5*ms, 60*ms)
 	w := newEdgeWatch()
 	rec := &quicSwitches{c: make(chan struct{}, 4)}
 	d := l.quicDialer(t, w, quicgo.EdgeConfig{OnSwitch: rec.on,
@@ -106,10 +109,11 @@ func TestEdgeQUICSwitchIsAReconnect(t *testing.T) {
 	first := s.Conn()
 	echoOnce(t, first, "through A")
 
-	// A's link goes to 60 ms: one round is not enough; the second in a row
-	// moves it (or a later pair, when a loaded machine's scheduling delay
-	// rides on a probe of B and breaks the streak: a CI run under -race).
-	l.edge("A").link.setRTT(60 * ms)
+	// A's link goes to 120 ms: one round is not enough; the second in a
+	// row moves it (or a later pair, when a loaded machine's scheduling
+	// delay rides on a probe of B and breaks the streak: a CI run under
+	// -race).
+	l.edge("A").link.setRTT(120 * ms)
 	require.Nil(t, w.round(t), "one round is not enough")
 	require.NotNil(t, w.switchWithin(t, 5))
 	sw, old, nc := rec.wait(t)
