@@ -92,14 +92,7 @@ func TestWaitModeText(t *testing.T) {
 // without allocating (the process's mallocs over 2,048 round trips, the
 // client's and the echo backend's loops allocating nothing themselves).
 func TestPipelineThreadNoAllocs(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("WaitThread falls back to the netpoller off Linux")
-	}
-	testWait = WaitThread
-	t.Cleanup(func() { testWait = WaitNetpoller })
-	e := startEcho(t, 0)
-	tp := startProxy(t, DTLS, []registry.Backend{{Ordinal: 0, Addr: e.Addr(), State: registry.Ready}},
-		func(s *Service) { s.Workers = 1 })
+	tp := startThreadProxy(t)
 	rec := dtlsCIDRecord(ordinalCID(t, tp.router().Codec(), 0), 1, make([]byte, 100))
 	c := newClient(t)
 	to := tp.addr()
@@ -125,4 +118,19 @@ func TestPipelineThreadNoAllocs(t *testing.T) {
 	perDatagram := float64(ms1.Mallocs-ms0.Mallocs) / (2 * window * rounds)
 	t.Logf("%.4f allocations per datagram", perDatagram)
 	assert.Less(t, perDatagram, 0.05, "allocations per datagram through the pipeline")
+}
+
+// startThreadProxy starts a DTLS pipeline of one WaitThread worker in
+// front of one echo backend, ordinal 0; it skips off Linux, where
+// WaitThread falls back to the netpoller.
+func startThreadProxy(t *testing.T) *testProxy {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("WaitThread falls back to the netpoller off Linux")
+	}
+	testWait = WaitThread
+	t.Cleanup(func() { testWait = WaitNetpoller })
+	e := startEcho(t, 0)
+	return startProxy(t, DTLS, []registry.Backend{{Ordinal: 0, Addr: e.Addr(), State: registry.Ready}},
+		func(s *Service) { s.Workers = 1 })
 }

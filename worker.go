@@ -37,8 +37,8 @@ type worker struct {
 	// poll is the Poller of WaitThread: the worker's one loop waits in it
 	// for the service socket and, in PPv2 mode, the upstream socket; nil
 	// with the netpoller.
-	poll   *udpio.Poller
-	yields atomic.Uint64 // the thread loop's (yieldEvery)
+	poll  *udpio.Poller
+	yield yielder // the thread loop's (yieldEvery)
 }
 
 // An upstream is the worker's side towards the backends, chosen when the
@@ -127,7 +127,7 @@ func (w *worker) threadLoop() error {
 	var c Counters
 	ready := make([]bool, w.polled())
 	full := len(w.fwdIn)
-	y := newYielder(&w.yields)
+	y := &w.yield
 	for {
 		woken, err := w.poll.Wait(ready)
 		if woken || err != nil {

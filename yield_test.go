@@ -1,24 +1,19 @@
 package cidroute
 
 import (
-	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/cidroute/cidroute/registry"
 )
 
 // TestYielder: a loop whose batches keep coming yields once every
 // yieldEvery; one that waited 2×yieldEvery or more starts again without
 // yielding.
 func TestYielder(t *testing.T) {
-	var n atomic.Uint64
 	yields := 0
-	y := yielder{yield: func() { yields++ }, n: &n}
+	y := yielder{yield: func() { yields++ }}
 	t0 := time.Now()
 	at := func(d time.Duration) { y.batch(t0.Add(d)) }
 
@@ -39,28 +34,21 @@ func TestYielder(t *testing.T) {
 	assert.Zero(t, yields, "2.5 ms into the busy spell")
 	at(last + yieldEvery)
 	assert.Equal(t, 1, yields, "5 ms into it")
-	assert.Equal(t, uint64(1+3), n.Load(), "the count the worker keeps")
+	assert.Equal(t, uint64(1+3), y.n.Load(), "the count the worker keeps")
 }
 
 // TestWaitThreadYields: a WaitThread worker kept busy yields its
 // goroutine (yieldEvery), which keeps the runtime's sysmon from taking
 // its P at each syscall.
 func TestWaitThreadYields(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("WaitThread falls back to the netpoller off Linux")
-	}
-	testWait = WaitThread
-	t.Cleanup(func() { testWait = WaitNetpoller })
-	e := startEcho(t, 0)
-	tp := startProxy(t, DTLS, []registry.Backend{{Ordinal: 0, Addr: e.Addr(), State: registry.Ready}},
-		func(s *Service) { s.Workers = 1 })
+	tp := startThreadProxy(t)
 	w := tp.p.services[0].workers[0]
 	require.NotNil(t, w.poll)
 	c := newClient(t)
 	rec := dtlsCIDRecord(ordinalCID(t, tp.router().Codec(), 0), 1, []byte("ping"))
 	deadline := time.Now().Add(10 * time.Second)
-	for w.yields.Load() == 0 && time.Now().Before(deadline) {
+	for w.yield.n.Load() == 0 && time.Now().Before(deadline) {
 		require.Equal(t, 0, c.ask(tp.addr(), rec))
 	}
-	assert.NotZero(t, w.yields.Load(), "round trips for 10 s without a yield")
+	assert.NotZero(t, w.yield.n.Load(), "round trips for 10 s without a yield")
 }
