@@ -30,7 +30,7 @@ const recoveryBound = 75 * time.Second
 
 // checkStale asserts what a stale registry must do: established sessions
 // go on, new handshakes are refused.
-func checkStale(t *testing.T, p *cidproxy, tr *traffic, from time.Time, dur time.Duration) {
+func checkStale(t *testing.T, check *checks, p *cidproxy, tr *traffic, from time.Time, dur time.Duration) {
 	t.Helper()
 	refused0, _ := p.state()
 	time.Sleep(dur)
@@ -39,15 +39,15 @@ func checkStale(t *testing.T, p *cidproxy, tr *traffic, from time.Time, dur time
 	ok, failed := tr.newOutcomes(from, to)
 	s, _ := p.state()
 	t.Logf("while stale for %v: %d sessions echoed %d times; new handshakes %d ok, %d refused; stale_registry drops %d",
-		dur, len(echoed), sum(echoed), ok, failed, s.refused-refused0.refused)
+		dur, len(echoed), sum(echoed), ok, len(failed), s.refused-refused0.refused)
 	if len(echoed) != 6 {
-		t.Errorf("%d of 6 established sessions echoed while the registry was stale", len(echoed))
+		check.Errorf("%d of 6 established sessions echoed while the registry was stale", len(echoed))
 	}
-	if ok != 0 || failed == 0 {
-		t.Errorf("new handshakes while stale: %d ok, %d refused; want all refused", ok, failed)
+	if ok != 0 || len(failed) == 0 {
+		check.Errorf("new handshakes while stale: %d ok, %d refused; want all refused", ok, len(failed))
 	}
 	if s.refused <= refused0.refused {
-		t.Errorf("no datagram dropped as stale_registry while stale")
+		check.Errorf("no datagram dropped as stale_registry while stale")
 	}
 }
 
@@ -58,6 +58,7 @@ func checkStale(t *testing.T, p *cidproxy, tr *traffic, from time.Time, dur time
 // the proxy sees the fourth pod, turns fresh, and new handshakes work
 // again. The audit log shows what the proxy asked for after the return.
 func TestAPIServerOutage(t *testing.T) {
+	check := lastWords(t)
 	cp := needCluster(t)
 	startBackends(t, cp)
 	p := startCidproxy(t, maxAgeConfig)
@@ -77,9 +78,9 @@ func TestAPIServerOutage(t *testing.T) {
 	p.waitState(t, "outage: stale", down, staleBound, func(s state) bool { return s.stale })
 	staleFrom := time.Now()
 	if s, _ := p.state(); s.ready != 3 {
-		t.Errorf("stale proxy has %d ready backends, want the 3 it knew", s.ready)
+		check.Errorf("stale proxy has %d ready backends, want the 3 it knew", s.ready)
 	}
-	checkStale(t, p, tr, staleFrom, time.Until(down.Add(30*time.Second))-time.Second)
+	checkStale(t, check, p, tr, staleFrom, time.Until(down.Add(30*time.Second))-time.Second)
 
 	time.Sleep(time.Until(down.Add(30 * time.Second)))
 	up := time.Now()
@@ -90,17 +91,17 @@ func TestAPIServerOutage(t *testing.T) {
 	p.waitState(t, "outage over: fresh, 4 ready", up, recoveryBound, func(s state) bool { return !s.stale && s.ready == 4 })
 	recovered := time.Now()
 	time.Sleep(3 * time.Second)
-	if ok, failed := tr.newOutcomes(recovered, time.Now()); failed != 0 || ok == 0 {
-		t.Errorf("new handshakes after the recovery: %d ok, %d failed", ok, failed)
+	if ok, failed := tr.newOutcomes(recovered, time.Now()); len(failed) != 0 || ok == 0 {
+		check.Errorf("new handshakes after the recovery: %d ok, %d failed: %v", ok, len(failed), failed)
 	}
 	tr.halt()
 	t.Logf("traffic: %v", tr)
 	if tr.lost != 0 || tr.broken != 0 {
-		t.Errorf("established sessions lost %d echoes (%d broken)", tr.lost, tr.broken)
+		check.Errorf("established sessions lost %d echoes %v (%d broken)", tr.lost, tr.losses, tr.broken)
 	}
 	counts, _ := auditCounts(cp.proxy.auditLog(), offset)
 	t.Logf("the proxy's EndpointSlice requests to the returned API server: %v", counts)
-	checkNoStorm(t, counts)
+	checkNoStorm(t, check, counts)
 }
 
 // checkNoStorm fails when the proxy fetched the whole state (a list, or a
@@ -110,11 +111,11 @@ func TestAPIServerOutage(t *testing.T) {
 // synced, and the proxy, which talks to that one server and not through
 // the kubernetes Service (which lists only ready ones), may ask in that
 // window; they cost the server nothing to answer.
-func checkNoStorm(t *testing.T, counts map[string]int) {
+func checkNoStorm(t *testing.T, check *checks, counts map[string]int) {
 	t.Helper()
 	relists := counts["list 200"] + counts["watch-list 200"]
 	if relists > 2 {
-		t.Errorf("the proxy fetched the whole state %d times after the return: %v", relists, counts)
+		check.Errorf("the proxy fetched the whole state %d times after the return: %v", relists, counts)
 	}
 	if n := counts["list 403"] + counts["watch-list 403"] + counts["watch 403"]; n > 0 {
 		t.Logf("%d requests refused while the restarted API server's RBAC cache was empty", n)
@@ -127,6 +128,7 @@ func checkNoStorm(t *testing.T, counts map[string]int) {
 // cannot resume from its resource version (410 Gone), it must list
 // again, and it must end with ds-2 gone.
 func TestCompactedHistory(t *testing.T) {
+	check := lastWords(t)
 	cp := needCluster(t)
 	startBackends(t, cp)
 	p := startCidproxy(t, maxAgeConfig)
@@ -160,9 +162,9 @@ func TestCompactedHistory(t *testing.T) {
 	t.Logf("traffic: %v", tr)
 	counts, _ := auditCounts(cp.proxy.auditLog(), offset)
 	t.Logf("the proxy's EndpointSlice requests to the restarted API server: %v", counts)
-	checkNoStorm(t, counts)
+	checkNoStorm(t, check, counts)
 	if tr.broken != 0 {
-		t.Errorf("%d sessions broken", tr.broken)
+		check.Errorf("%d sessions broken", tr.broken)
 	}
 }
 
@@ -173,6 +175,7 @@ func TestCompactedHistory(t *testing.T) {
 // once, turns stale and refuses new handshakes while established sessions
 // go on. Applying rbac.yaml again restores it.
 func TestRBACRevoked(t *testing.T) {
+	check := lastWords(t)
 	cp := needCluster(t)
 	ctx := context.Background()
 	startBackends(t, cp)
@@ -194,7 +197,7 @@ func TestRBACRevoked(t *testing.T) {
 	// The open watch lives on.
 	time.Sleep(maxAge + 2*time.Second)
 	if s, _ := p.state(); s.stale {
-		t.Fatalf("stale %v after the RoleBinding went, while its watch was open", time.Since(revoked))
+		check.Fatalf("stale %v after the RoleBinding went, while its watch was open", time.Since(revoked))
 	}
 	t.Logf("%v after the revocation the proxy is still fresh: its watch was authorized when it opened", time.Since(revoked).Round(time.Second))
 
@@ -211,13 +214,13 @@ func TestRBACRevoked(t *testing.T) {
 	log := p.proc.tail(1 << 20)
 	refusal := firstLine(log, "forbidden")
 	if refusal == "" {
-		t.Fatalf("no refusal in the proxy's log:\n%s", log)
+		check.Fatalf("no refusal in the proxy's log:\n%s", log)
 	}
 	t.Logf("the proxy says: %s", refusal)
 	if n := strings.Count(log, "forbidden"); n > 1 {
-		t.Errorf("the refusal is logged %d times, want once", n)
+		check.Errorf("the refusal is logged %d times, want once", n)
 	}
-	checkStale(t, p, tr, time.Now(), 3*time.Second)
+	checkStale(t, check, p, tr, time.Now(), 3*time.Second)
 
 	restored := time.Now()
 	if _, err := applyFile(ctx, cp, "rbac.yaml", nil); err != nil {
@@ -226,12 +229,12 @@ func TestRBACRevoked(t *testing.T) {
 	p.waitState(t, "RBAC restored: fresh", restored, recoveryBound, func(s state) bool { return !s.stale && s.ready == 3 })
 	recovered := time.Now()
 	time.Sleep(2 * time.Second)
-	if ok, failed := tr.newOutcomes(recovered, time.Now()); failed != 0 || ok == 0 {
-		t.Errorf("new handshakes after the recovery: %d ok, %d failed", ok, failed)
+	if ok, failed := tr.newOutcomes(recovered, time.Now()); len(failed) != 0 || ok == 0 {
+		check.Errorf("new handshakes after the recovery: %d ok, %d failed: %v", ok, len(failed), failed)
 	}
 	tr.halt()
 	t.Logf("traffic: %v", tr)
 	if tr.lost != 0 || tr.broken != 0 {
-		t.Errorf("established sessions lost %d echoes (%d broken)", tr.lost, tr.broken)
+		check.Errorf("established sessions lost %d echoes %v (%d broken)", tr.lost, tr.losses, tr.broken)
 	}
 }

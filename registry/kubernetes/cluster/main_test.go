@@ -116,6 +116,41 @@ func needCluster(t *testing.T) *controlPlane {
 	return cluster
 }
 
+// checks repeats a test's failed checks after every other cleanup has
+// run. A failing cluster test dumps the node's and the proxy's logs, and a
+// CI page that shows only the end of the output must still say what
+// failed.
+type checks struct {
+	t      *testing.T
+	failed []string
+}
+
+// lastWords returns the test's checks; call it before anything that
+// registers a cleanup, so that its report comes last.
+func lastWords(t *testing.T) *checks {
+	c := &checks{t: t}
+	t.Cleanup(func() {
+		for _, m := range c.failed {
+			t.Log("failed (again, after the logs): " + m)
+		}
+	})
+	return c
+}
+
+func (c *checks) Errorf(format string, args ...any) {
+	c.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	c.failed = append(c.failed, msg)
+	c.t.Error(msg)
+}
+
+func (c *checks) Fatalf(format string, args ...any) {
+	c.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	c.failed = append(c.failed, msg)
+	c.t.Fatal(msg)
+}
+
 // canUnshare reports whether the binary can move into a network namespace
 // of its own.
 func canUnshare() bool {

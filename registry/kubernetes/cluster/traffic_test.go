@@ -20,6 +20,7 @@ type traffic struct {
 	mu      sync.Mutex
 	echoes  []echoAt // successful echoes
 	lost    int      // echoes unanswered after 3 tries
+	losses  []string // when, which session, which backend
 	broken  int      // sessions given up after 3 lost echoes in a row
 	cuts    int      // sessions closed by their backend and dialled again
 	news    []newAt  // new handshakes (with one echo) and their outcome
@@ -92,6 +93,7 @@ func (tr *traffic) session(i int, s *session) {
 			tr.echoes = append(tr.echoes, echoAt{time.Now(), i, s.ordinal()})
 		case errors.Is(err, errNoEcho):
 			tr.lost++
+			tr.losses = append(tr.losses, fmt.Sprintf("%s session %d on ordinal %d", time.Now().Format("15:04:05.000"), i, s.ordinal()))
 			if lostInARow++; lostInARow == 3 {
 				tr.broken++
 				redial = true
@@ -156,8 +158,8 @@ func (tr *traffic) halt() {
 }
 
 // newOutcomes counts the new handshakes started in [from, to) that
-// worked and that failed.
-func (tr *traffic) newOutcomes(from, to time.Time) (ok, failed int) {
+// worked, and returns the errors of those that failed, with their times.
+func (tr *traffic) newOutcomes(from, to time.Time) (ok int, failed []string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	for _, n := range tr.news {
@@ -167,7 +169,7 @@ func (tr *traffic) newOutcomes(from, to time.Time) (ok, failed int) {
 		if n.err == nil {
 			ok++
 		} else {
-			failed++
+			failed = append(failed, fmt.Sprintf("%s: %v", n.at.Format("15:04:05.000"), n.err))
 		}
 	}
 	return ok, failed
