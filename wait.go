@@ -27,11 +27,10 @@ const (
 	// 5 ms, so that sysmon never takes it for one running too long
 	// (yieldEvery).
 	// One thread rather than one per direction: on the independent
-	// benchmark a thread per direction, each in its own epoll set, lost
-	// more at 100k/s and cost 1.16–1.29× as much flat out, measured before
-	// the yield, with sysmon polling on the same CPU (README,
-	// Performance). A transparent worker's sessions still relay on the
-	// netpoller.
+	// benchmark a thread per direction, each in its own epoll set, costs
+	// as much flat out but more at 50k/s (0.75–0.82× raw's CPU against
+	// 0.72×), and its tail is no better at 100k/s (README, Performance).
+	// A transparent worker's sessions still relay on the netpoller.
 	// Linux only; elsewhere workers use the netpoller.
 	WaitThread
 )
