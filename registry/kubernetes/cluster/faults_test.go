@@ -30,7 +30,7 @@ const recoveryBound = 75 * time.Second
 
 // checkStale asserts what a stale registry must do: established sessions
 // go on, new handshakes are refused.
-func checkStale(t *testing.T, check *checks, p *cidproxy, tr *traffic, from time.Time, dur time.Duration) {
+func checkStale(t *testing.T, p *cidproxy, tr *traffic, from time.Time, dur time.Duration) {
 	t.Helper()
 	refused0, _ := p.state()
 	time.Sleep(dur)
@@ -41,13 +41,13 @@ func checkStale(t *testing.T, check *checks, p *cidproxy, tr *traffic, from time
 	t.Logf("while stale for %v: %d sessions echoed %d times; new handshakes %d ok, %d refused; stale_registry drops %d",
 		dur, len(echoed), sum(echoed), ok, len(failed), s.refused-refused0.refused)
 	if len(echoed) != 6 {
-		check.Errorf("%d of 6 established sessions echoed while the registry was stale", len(echoed))
+		errorf(t, "%d of 6 established sessions echoed while the registry was stale", len(echoed))
 	}
 	if ok != 0 || len(failed) == 0 {
-		check.Errorf("new handshakes while stale: %d ok, %d refused; want all refused", ok, len(failed))
+		errorf(t, "new handshakes while stale: %d ok, %d refused; want all refused", ok, len(failed))
 	}
 	if s.refused <= refused0.refused {
-		check.Errorf("no datagram dropped as stale_registry while stale")
+		errorf(t, "no datagram dropped as stale_registry while stale")
 	}
 }
 
@@ -58,7 +58,6 @@ func checkStale(t *testing.T, check *checks, p *cidproxy, tr *traffic, from time
 // the proxy sees the fourth pod, turns fresh, and new handshakes work
 // again. The audit log shows what the proxy asked for after the return.
 func TestAPIServerOutage(t *testing.T) {
-	check := lastWords(t)
 	cp := needCluster(t)
 	startBackends(t, cp)
 	p := startCidproxy(t, maxAgeConfig)
@@ -78,9 +77,9 @@ func TestAPIServerOutage(t *testing.T) {
 	p.waitState(t, "outage: stale", down, staleBound, func(s state) bool { return s.stale })
 	staleFrom := time.Now()
 	if s, _ := p.state(); s.ready != 3 {
-		check.Errorf("stale proxy has %d ready backends, want the 3 it knew", s.ready)
+		errorf(t, "stale proxy has %d ready backends, want the 3 it knew", s.ready)
 	}
-	checkStale(t, check, p, tr, staleFrom, time.Until(down.Add(30*time.Second))-time.Second)
+	checkStale(t, p, tr, staleFrom, time.Until(down.Add(30*time.Second))-time.Second)
 
 	time.Sleep(time.Until(down.Add(30 * time.Second)))
 	up := time.Now()
@@ -92,16 +91,16 @@ func TestAPIServerOutage(t *testing.T) {
 	recovered := time.Now()
 	time.Sleep(3 * time.Second)
 	if ok, failed := tr.newOutcomes(recovered, time.Now()); len(failed) != 0 || ok == 0 {
-		check.Errorf("new handshakes after the recovery: %d ok, %d failed: %v", ok, len(failed), failed)
+		errorf(t, "new handshakes after the recovery: %d ok, %d failed: %v", ok, len(failed), failed)
 	}
 	tr.halt()
 	t.Logf("traffic: %v", tr)
 	if tr.lost != 0 || tr.broken != 0 {
-		check.Errorf("established sessions lost %d echoes %v (%d broken)", tr.lost, tr.losses, tr.broken)
+		errorf(t, "established sessions lost %d echoes %v (%d broken)", tr.lost, tr.losses, tr.broken)
 	}
 	counts, _ := auditCounts(cp.proxy.auditLog(), offset)
 	t.Logf("the proxy's EndpointSlice requests to the returned API server: %v", counts)
-	checkNoStorm(t, check, counts)
+	checkNoStorm(t, counts)
 }
 
 // checkNoStorm fails when the proxy fetched the whole state (a list, or a
@@ -111,11 +110,11 @@ func TestAPIServerOutage(t *testing.T) {
 // synced, and the proxy, which talks to that one server and not through
 // the kubernetes Service (which lists only ready ones), may ask in that
 // window; they cost the server nothing to answer.
-func checkNoStorm(t *testing.T, check *checks, counts map[string]int) {
+func checkNoStorm(t *testing.T, counts map[string]int) {
 	t.Helper()
 	relists := counts["list 200"] + counts["watch-list 200"]
 	if relists > 2 {
-		check.Errorf("the proxy fetched the whole state %d times after the return: %v", relists, counts)
+		errorf(t, "the proxy fetched the whole state %d times after the return: %v", relists, counts)
 	}
 	if n := counts["list 403"] + counts["watch-list 403"] + counts["watch 403"]; n > 0 {
 		t.Logf("%d requests refused while the restarted API server's RBAC cache was empty", n)
@@ -128,7 +127,6 @@ func checkNoStorm(t *testing.T, check *checks, counts map[string]int) {
 // cannot resume from its resource version (410 Gone), it must list
 // again, and it must end with ds-2 gone.
 func TestCompactedHistory(t *testing.T) {
-	check := lastWords(t)
 	cp := needCluster(t)
 	startBackends(t, cp)
 	p := startCidproxy(t, maxAgeConfig)
@@ -162,9 +160,9 @@ func TestCompactedHistory(t *testing.T) {
 	t.Logf("traffic: %v", tr)
 	counts, _ := auditCounts(cp.proxy.auditLog(), offset)
 	t.Logf("the proxy's EndpointSlice requests to the restarted API server: %v", counts)
-	checkNoStorm(t, check, counts)
+	checkNoStorm(t, counts)
 	if tr.broken != 0 {
-		check.Errorf("%d sessions broken", tr.broken)
+		errorf(t, "%d sessions broken", tr.broken)
 	}
 }
 
@@ -175,7 +173,6 @@ func TestCompactedHistory(t *testing.T) {
 // once, turns stale and refuses new handshakes while established sessions
 // go on. Applying rbac.yaml again restores it.
 func TestRBACRevoked(t *testing.T) {
-	check := lastWords(t)
 	cp := needCluster(t)
 	ctx := context.Background()
 	startBackends(t, cp)
@@ -197,7 +194,7 @@ func TestRBACRevoked(t *testing.T) {
 	// The open watch lives on.
 	time.Sleep(maxAge + 2*time.Second)
 	if s, _ := p.state(); s.stale {
-		check.Fatalf("stale %v after the RoleBinding went, while its watch was open", time.Since(revoked))
+		fatalf(t, "stale %v after the RoleBinding went, while its watch was open", time.Since(revoked))
 	}
 	t.Logf("%v after the revocation the proxy is still fresh: its watch was authorized when it opened", time.Since(revoked).Round(time.Second))
 
@@ -214,13 +211,13 @@ func TestRBACRevoked(t *testing.T) {
 	log := p.proc.tail(1 << 20)
 	refusal := firstLine(log, "forbidden")
 	if refusal == "" {
-		check.Fatalf("no refusal in the proxy's log:\n%s", log)
+		fatalf(t, "no refusal in the proxy's log:\n%s", log)
 	}
 	t.Logf("the proxy says: %s", refusal)
 	if n := strings.Count(log, "forbidden"); n > 1 {
-		check.Errorf("the refusal is logged %d times, want once", n)
+		errorf(t, "the refusal is logged %d times, want once", n)
 	}
-	checkStale(t, check, p, tr, time.Now(), 3*time.Second)
+	checkStale(t, p, tr, time.Now(), 3*time.Second)
 
 	restored := time.Now()
 	if _, err := applyFile(ctx, cp, "rbac.yaml", nil); err != nil {
@@ -230,11 +227,11 @@ func TestRBACRevoked(t *testing.T) {
 	recovered := time.Now()
 	time.Sleep(2 * time.Second)
 	if ok, failed := tr.newOutcomes(recovered, time.Now()); len(failed) != 0 || ok == 0 {
-		check.Errorf("new handshakes after the recovery: %d ok, %d failed: %v", ok, len(failed), failed)
+		errorf(t, "new handshakes after the recovery: %d ok, %d failed: %v", ok, len(failed), failed)
 	}
 	tr.halt()
 	t.Logf("traffic: %v", tr)
 	if tr.lost != 0 || tr.broken != 0 {
-		check.Errorf("established sessions lost %d echoes %v (%d broken)", tr.lost, tr.losses, tr.broken)
+		errorf(t, "established sessions lost %d echoes %v (%d broken)", tr.lost, tr.losses, tr.broken)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -107,48 +108,49 @@ func testMain(m *testing.M) int {
 	return code
 }
 
-// needCluster returns the running control plane, or skips the test.
+// needCluster returns the running control plane, or skips the test. It
+// is each test's first call, so the cleanup it registers runs last: it
+// repeats the test's failed checks (errorf, fatalf) after the node's and
+// the proxy's log dumps, so that a CI page showing the end of a failing
+// test's output still says what failed.
 func needCluster(t *testing.T) *controlPlane {
 	t.Helper()
 	if cluster == nil {
 		t.Skip(skipWhy)
 	}
-	return cluster
-}
-
-// checks repeats a test's failed checks after every other cleanup has
-// run. A failing cluster test dumps the node's and the proxy's logs, and a
-// CI page that shows only the end of the output must still say what
-// failed.
-type checks struct {
-	t      *testing.T
-	failed []string
-}
-
-// lastWords returns the test's checks; call it before anything that
-// registers a cleanup, so that its report comes last.
-func lastWords(t *testing.T) *checks {
-	c := &checks{t: t}
+	var failed []string
+	failures.Store(t, &failed)
 	t.Cleanup(func() {
-		for _, m := range c.failed {
+		failures.Delete(t)
+		for _, m := range failed {
 			t.Log("failed (again, after the logs): " + m)
 		}
 	})
-	return c
+	return cluster
 }
 
-func (c *checks) Errorf(format string, args ...any) {
-	c.t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	c.failed = append(c.failed, msg)
-	c.t.Error(msg)
+// failures holds the failed checks of each running cluster test.
+var failures sync.Map // *testing.T → *[]string
+
+// errorf fails the test with a check that needCluster repeats at its end.
+func errorf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	t.Error(noteFailure(t, format, args))
 }
 
-func (c *checks) Fatalf(format string, args ...any) {
-	c.t.Helper()
+// fatalf is errorf that stops the test.
+func fatalf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	t.Fatal(noteFailure(t, format, args))
+}
+
+func noteFailure(t *testing.T, format string, args []any) string {
 	msg := fmt.Sprintf(format, args...)
-	c.failed = append(c.failed, msg)
-	c.t.Fatal(msg)
+	if p, ok := failures.Load(t); ok {
+		m := p.(*[]string)
+		*m = append(*m, msg)
+	}
+	return msg
 }
 
 // canUnshare reports whether the binary can move into a network namespace

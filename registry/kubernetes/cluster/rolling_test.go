@@ -24,7 +24,6 @@ import (
 // handshake again and land on a ready pod. No echo may be lost and no
 // new handshake may fail.
 func TestRollingReplacement(t *testing.T) {
-	check := lastWords(t)
 	cp := needCluster(t)
 	n := startBackends(t, cp)
 	p := startCidproxy(t, "")
@@ -59,12 +58,12 @@ func TestRollingReplacement(t *testing.T) {
 	after := podUIDs(t, cp)
 	for name, uid := range before {
 		if after[name] == uid || after[name] == "" {
-			check.Errorf("pod %s not replaced (%s → %s)", name, uid, after[name])
+			errorf(t, "pod %s not replaced (%s → %s)", name, uid, after[name])
 		}
 	}
 	terms := n.terminations()
 	if len(terms) != 3 {
-		check.Fatalf("node-a stopped %d pods, want 3: %+v", len(terms), terms)
+		fatalf(t, "node-a stopped %d pods, want 3: %+v", len(terms), terms)
 	}
 	var order []string
 	for _, tm := range terms {
@@ -77,26 +76,26 @@ func TestRollingReplacement(t *testing.T) {
 			tm.removed.Sub(tm.exited).Round(time.Millisecond), len(on), len(served), sum(served))
 		for _, s := range on {
 			if served[s] == 0 {
-				check.Errorf("session %d was on draining %s and got no echo during its drain", s, tm.name)
+				errorf(t, "session %d was on draining %s and got no echo during its drain", s, tm.name)
 			}
 		}
 	}
 	if !slices.Equal(order, []string{"ds-2", "ds-1", "ds-0"}) {
-		check.Errorf("replacement order %v, want ds-2, ds-1, ds-0 (a StatefulSet's rolling update goes from the highest ordinal)", order)
+		errorf(t, "replacement order %v, want ds-2, ds-1, ds-0 (a StatefulSet's rolling update goes from the highest ordinal)", order)
 	}
 	if tr.lost != 0 || tr.broken != 0 {
-		check.Errorf("%d echoes lost %v, %d sessions broken; redials: %v", tr.lost, tr.losses, tr.broken, tr.redials)
+		errorf(t, "%d echoes lost %v, %d sessions broken; redials: %v", tr.lost, tr.losses, tr.broken, tr.redials)
 	}
 	if ok, failed := tr.newOutcomes(start, done); len(failed) != 0 || ok == 0 {
-		check.Errorf("new handshakes during the rollout: %d ok, %d failed: %v", ok, len(failed), failed)
+		errorf(t, "new handshakes during the rollout: %d ok, %d failed: %v", ok, len(failed), failed)
 	}
 	if tr.cuts == 0 {
-		check.Errorf("no session was closed by a draining backend: did the pods drain?")
+		errorf(t, "no session was closed by a draining backend: did the pods drain?")
 	}
 	// Every session works on the new pods.
 	last := tr.echoesIn(done, time.Now(), -1)
 	if len(last) != 12 {
-		check.Errorf("%d of 12 sessions echoed after the rollout: %v", len(last), last)
+		errorf(t, "%d of 12 sessions echoed after the rollout: %v", len(last), last)
 	}
 }
 

@@ -135,7 +135,7 @@ func waitFor(t *testing.T, step string, start time.Time, bound time.Duration, co
 			return took
 		}
 		if time.Since(start) > bound {
-			t.Fatalf("%s: not within %v: %s", step, bound, why)
+			fatalf(t, "%s: not within %v: %s", step, bound, why)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
