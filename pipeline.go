@@ -824,16 +824,16 @@ func (p *Pipeline) Run(ctx context.Context) error {
 // its predecessor to stop reading the sockets they share.
 func (p *Pipeline) Serving() <-chan struct{} { return p.serving }
 
-// raiseProcs gives every thread that WaitThread locks, this Pipeline's and
+// raiseProcs gives every thread that WaitThread holds, this Pipeline's and
 // any other's in the process, a P of its own, and one for the rest of the
 // process (see WaitThread). It never lowers GOMAXPROCS.
 func (p *Pipeline) raiseProcs() {
 	procsMu.Lock()
 	defer procsMu.Unlock()
-	locked := int(threads.Load())
-	if cur := runtime.GOMAXPROCS(0); locked > 0 && cur <= locked {
-		runtime.GOMAXPROCS(locked + 1)
-		p.log.Info("GOMAXPROCS raised for the workers' threads", "from", cur, "to", locked+1)
+	held := int(threads.Load())
+	if cur := runtime.GOMAXPROCS(0); held > 0 && cur <= held {
+		runtime.GOMAXPROCS(held + 1)
+		p.log.Info("GOMAXPROCS raised for the workers' threads", "from", cur, "to", held+1)
 	}
 }
 

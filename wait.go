@@ -11,7 +11,7 @@ const (
 	// suits a Pipeline embedded beside other work, and any number of
 	// services.
 	WaitNetpoller WaitMode = iota
-	// WaitThread runs each worker on an OS thread of its own that waits
+	// WaitThread runs each worker in a goroutine that blocks an OS thread
 	// in epoll_wait for both of the worker's sockets (udpio.Poller), the
 	// service socket and, in PPv2 mode, the upstream socket, and serves
 	// whichever has datagrams: one wait per wake-up, whichever direction
@@ -21,11 +21,14 @@ const (
 	// wake-up brings a datagram or two, that wake-up is most of a
 	// datagram's cost. It holds one thread per worker for the Pipeline's
 	// life, and Run raises GOMAXPROCS above their number so that a thread
-	// returning from the kernel always finds a P (with too few, locked
+	// returning from the kernel always finds a P (with too few, blocked
 	// threads hand the Ps around through sysmon, in millisecond stalls).
-	// While datagrams keep coming the thread's goroutine yields every
-	// 5 ms, so that sysmon never takes it for one running too long
-	// (yieldEvery).
+	// While datagrams keep coming the goroutine yields every 5 ms, so
+	// that sysmon never takes it for one running too long (yieldEvery).
+	// It is not locked to its thread (runtime.LockOSThread): a locked
+	// goroutine's yield waits for a second thread to hand its P back,
+	// milliseconds at times on a busy CPU, in the tail (README,
+	// Performance).
 	// One thread rather than one per direction: on the independent
 	// benchmark a thread per direction, each in its own epoll set, costs
 	// as much flat out but more at 50k/s (0.75–0.82× raw's CPU against

@@ -35,9 +35,8 @@ func TestPipelineThread(t *testing.T) {
 	}
 }
 
-// TestWaitThreadHoldsThreads: on Linux a blocking PPv2 worker holds two
-// locked threads (forward, replies), a transparent one one, and Run gives
-// each a P.
+// TestWaitThreadHoldsThreads: on Linux a PPv2 worker and a transparent
+// one each hold one thread blocked in epoll_wait, and Run gives each a P.
 func TestWaitThreadHoldsThreads(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("WaitThread falls back to the netpoller off Linux")
@@ -52,24 +51,24 @@ func TestWaitThreadHoldsThreads(t *testing.T) {
 	require.Equal(t, 0, c.ask(pp.addr(), dtlsCIDRecord(ordinalCID(t, pp.router().Codec(), 0), 1, []byte("ping"))))
 	for _, w := range pp.p.services[0].workers {
 		require.NotNil(t, w.poll)
-		assert.Equal(t, 1, w.lockedThreads())
+		assert.Equal(t, 1, w.heldThreads())
 		assert.Len(t, w.loops(), 1, "one loop serves both sockets")
 	}
 	for _, w := range tr.p.services[0].workers {
-		assert.Equal(t, 1, w.lockedThreads())
+		assert.Equal(t, 1, w.heldThreads())
 		assert.Len(t, w.loops(), 2, "the thread and the session sweep")
 	}
 	<-pp.p.Serving()
 	<-tr.p.Serving()
 	require.Greater(t, runtime.GOMAXPROCS(0), len(pp.p.services[0].workers)+len(tr.p.services[0].workers),
-		"a P for every locked thread of the process, both pipelines'")
+		"a P for every held thread of the process, both pipelines'")
 
 	// The netpoller mode holds none.
 	testWait = WaitNetpoller
 	np := startProxy(t, DTLS, bs, nil)
 	require.Equal(t, 0, c.ask(np.addr(), dtlsCIDRecord(ordinalCID(t, np.router().Codec(), 0), 2, []byte("ping"))))
 	for _, w := range np.p.services[0].workers {
-		assert.Zero(t, w.lockedThreads())
+		assert.Zero(t, w.heldThreads())
 		assert.Len(t, w.loops(), 2)
 	}
 }

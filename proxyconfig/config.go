@@ -72,8 +72,8 @@ type Config struct {
 	MetricsListen string     // metrics_listen; "" = no metrics endpoint
 	LogLevel      slog.Level // log_level
 	// Wait ("wait") is how the pipeline's workers wait for datagrams:
-	// "thread" (the default here: each worker on a locked thread that
-	// waits in epoll_wait for both of its sockets, the cheapest wake-up)
+	// "thread" (the default here: each worker holds a thread that waits
+	// in epoll_wait for both of its sockets, the cheapest wake-up)
 	// or "netpoller".
 	Wait cidroute.WaitMode
 	// XDPInterfaces (xdp_interfaces) are the interfaces of the XDP fast

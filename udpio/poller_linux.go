@@ -12,13 +12,14 @@ import (
 
 // A Poller waits on the calling OS thread until one of its Conns has
 // datagrams queued, in epoll_wait, or until Wake: the wait of a loop that
-// serves several detached Conns from one thread (runtime.LockOSThread),
-// as a worker serving its service socket and its upstream socket does.
+// serves several detached Conns from one goroutine, which blocks its
+// thread in the wait, as a worker serving its service socket and its
+// upstream socket does.
 // One thread per worker and one wait per wake-up, whichever socket woke
 // it: no thread handoff, no netpoller.
 //
 // Wait must not be called concurrently with itself; Wake may be called
-// from any goroutine, at any time. A loop on a locked thread never blocks
+// from any goroutine, at any time. A loop that waits here never blocks
 // in Go, so the runtime never reschedules it, and after 10 ms the
 // runtime's sysmon takes it for one running too long: it takes the
 // thread's P at its syscalls and polls every 20 µs, on the loop's CPU.
