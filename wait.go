@@ -25,10 +25,8 @@ const (
 	// threads hand the Ps around through sysmon, in millisecond stalls).
 	// While datagrams keep coming the goroutine yields every 5 ms, so
 	// that sysmon never takes it for one running too long (yieldEvery).
-	// It is not locked to its thread (runtime.LockOSThread): a locked
-	// goroutine's yield waits for a second thread to hand its P back,
-	// milliseconds at times on a busy CPU, in the tail (README,
-	// Performance).
+	// The goroutine is not locked to its thread, so that a yield needs
+	// no second thread to hand its P back (README, Performance).
 	// One thread rather than one per direction: on the independent
 	// benchmark a thread per direction, each in its own epoll set, costs
 	// as much flat out but more at 50k/s (0.75–0.82× raw's CPU against

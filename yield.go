@@ -6,9 +6,7 @@ import (
 	"time"
 )
 
-// yieldEvery is how often a busy WaitThread loop yields its goroutine,
-// which is not locked to its thread, so that a yield costs no handoff
-// between threads in most cases (threadLoop).
+// yieldEvery is how often a busy WaitThread loop yields its goroutine.
 // The runtime's sysmon treats a goroutine that has not been rescheduled
 // for 10 ms as running too long, even one blocked in a syscall: from then
 // on it takes the P from under the worker's thread at the thread's
