@@ -30,7 +30,7 @@ const (
 	// One thread rather than one per direction: on the independent
 	// benchmark a thread per direction, each in its own epoll set, costs
 	// as much flat out but more at 50k/s (0.75–0.82× raw's CPU against
-	// 0.72×), and its tail is no better at 100k/s (README, Performance).
+	// 0.72×), and its tail is no better at 100k/s (docs/performance.md).
 	// A transparent worker's sessions still relay on the netpoller.
 	// Linux only; elsewhere workers use the netpoller.
 	WaitThread
