@@ -59,6 +59,31 @@ func newEdgeLab(t *testing.T, n int) *edgeLab {
 	return l
 }
 
+// hops says where datagrams went, for a failure's message: each replica's
+// forward and reverse counts (received, forwarded, the non-zero drops)
+// and each backend's sessions, delivered and dropped records.
+func (l *edgeLab) hops() string {
+	var b strings.Builder
+	counts := func(c cidroute.Counters) string {
+		s := fmt.Sprintf("%d→%d", c.Received, c.Forwarded)
+		for r, n := range c.Dropped {
+			if n != 0 {
+				s += fmt.Sprintf(" %v:%d", cidroute.Reason(r), n)
+			}
+		}
+		return s
+	}
+	for i, p := range l.pipes {
+		for _, st := range p.Stats() {
+			fmt.Fprintf(&b, "edge %v fwd %s rev %s; ", l.edges[i], counts(st.Forward), counts(st.Reverse))
+		}
+	}
+	for _, s := range l.srvs {
+		fmt.Fprintf(&b, "backend %d %+v %+v; ", s.ord, s.pl.Stats(), s.bc.Stats())
+	}
+	return b.String()
+}
+
 // handshakes counts the sessions the backends started (probes included).
 func (l *edgeLab) handshakes() uint64 {
 	var n uint64
@@ -159,7 +184,7 @@ func TestEdgeSessionFailsOverWithoutHandshake(t *testing.T) {
 	for i := range 5 {
 		msg := fmt.Sprint("after ", i)
 		reply, ok := askConn(t, c, msg, time.Second)
-		require.True(t, ok, msg)
+		require.True(t, ok, "%s: no reply via %v (client %+v); %s", msg, c.Edge(), c.Stats(), l.hops())
 		assert.Equal(t, owner+"|"+msg, reply, "the same backend, the same session")
 	}
 	assert.Equal(t, before, l.handshakes(), "no new handshake")
