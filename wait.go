@@ -28,9 +28,9 @@ const (
 	// The goroutine is not locked to its thread, so that a yield needs
 	// no second thread to hand its P back (README, Performance).
 	// One thread rather than one per direction: on the independent
-	// benchmark a thread per direction, each in its own epoll set, costs
-	// as much flat out but more at 50k/s (0.75–0.82× raw's CPU against
-	// 0.72×), and its tail is no better at 100k/s (docs/performance.md).
+	// benchmark a thread per direction, each in its own epoll set, locked
+	// or not, had no better p99 at 50k/s and cost more flat out (0.89–0.91×
+	// raw's CPU against 0.82–0.83×, docs/performance.md).
 	// A transparent worker's sessions still relay on the netpoller.
 	// Linux only; elsewhere workers use the netpoller.
 	WaitThread
