@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -187,6 +188,26 @@ func (d *dayCluster) isDraining(ord int) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return ord >= 0 && d.draining[uint8(ord)]
+}
+
+// drainingSet returns the backends the replicas know as draining now.
+func (d *dayCluster) drainingSet() map[uint8]bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return maps.Clone(d.draining)
+}
+
+// landedDraining reports a new session on ord that the replicas knew as
+// draining before its dial began (before) and still do: one they had to
+// keep it off. A backend that starts draining during the dial may take
+// it, since its first flight was routed before. It notes the session
+// among the step's failures.
+func (d *dayCluster) landedDraining(before map[uint8]bool, ord int, what string) bool {
+	if ord < 0 || !before[uint8(ord)] || !d.isDraining(ord) {
+		return false
+	}
+	d.failed("%s: new session on ordinal %d, draining since before its dial", what, ord)
+	return true
 }
 
 func jsonList(bs []registry.Backend) string {
@@ -700,6 +721,7 @@ func (c *dayDTLS) run(ctx context.Context, stop <-chan struct{}) {
 		// a new handshake, through whichever replica the balancer picks.
 		c.failedSessions.Add(1)
 		c.rehandshakes.Add(1)
+		before := c.d.drainingSet()
 		nc, err := c.d.dialDTLS(ctx, c.id)
 		if err != nil {
 			c.dialFailed.Add(1)
@@ -710,7 +732,7 @@ func (c *dayDTLS) run(ctx context.Context, stop <-chan struct{}) {
 		c.cur = nc
 		c.mu.Unlock()
 		cur.close()
-		if nc.ask() == nil && c.d.isDraining(nc.ordinal()) {
+		if nc.ask() == nil && c.d.landedDraining(before, nc.ordinal(), fmt.Sprintf("dtls %d", c.id)) {
 			c.onDraining.Add(1)
 		}
 	}
@@ -747,6 +769,7 @@ func (q *dayQUIC) run(ctx context.Context, stop <-chan struct{}) {
 		old := q.conn
 		q.mu.Unlock()
 		old.CloseWithError(0, "")
+		before := q.d.drainingSet()
 		if err := q.dial(ctx); err != nil {
 			q.lost.Add(1)
 			return
@@ -755,7 +778,7 @@ func (q *dayQUIC) run(ctx context.Context, stop <-chan struct{}) {
 			q.lost.Add(1)
 			continue
 		}
-		if q.d.isDraining(q.ordinal()) {
+		if q.d.landedDraining(before, q.ordinal(), fmt.Sprintf("quic %d", q.id)) {
 			q.onDraining.Add(1)
 		}
 	}
