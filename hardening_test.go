@@ -189,7 +189,8 @@ func TestPipelineMixedDatagramsLimited(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
-	ds, qs := dp.quiet(t), qp.quiet(t)
+	ds := dp.settled(t, func(s ServiceStats) bool { return s.Forward.Received >= n })
+	qs := qp.settled(t, func(s ServiceStats) bool { return s.Forward.Received >= 2*n })
 	t.Logf("dtls %+v\nquic %+v", ds.Forward, qs.Forward)
 	// One token per limit (burst of a 1 pps bucket); the rest is refused.
 	assert.Equal(t, uint64(n), ds.Forward.Received)
