@@ -1,7 +1,9 @@
 package cidroute
 
 import (
+	"fmt"
 	"math/bits"
+	"strings"
 	"sync/atomic"
 )
 
@@ -53,6 +55,23 @@ func (c *Counters) DroppedTotal() uint64 {
 		t += n
 	}
 	return t
+}
+
+// DropSummary lists the non-zero drops in Reason order,
+// "rate_limited:3,too_big:1", or "" when there are none: for logs and
+// failure messages.
+func (c *Counters) DropSummary() string {
+	var b strings.Builder
+	for r, n := range c.Dropped {
+		if n == 0 {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s:%d", Reason(r), n)
+	}
+	return b.String()
 }
 
 // Balanced reports whether every received datagram is accounted for.

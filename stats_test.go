@@ -95,3 +95,10 @@ func TestBatchBucket(t *testing.T) {
 	}
 	assert.Equal(t, NumBatchBuckets, batchBucket(1024)+1, "the largest batch has a bucket")
 }
+
+func TestDropSummary(t *testing.T) {
+	var c Counters
+	require.Empty(t, c.DropSummary())
+	c.Dropped[TooBig], c.Dropped[RateLimited] = 1, 3
+	require.Equal(t, "rate_limited:3,too_big:1", c.DropSummary(), "in Reason order")
+}

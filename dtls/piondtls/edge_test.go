@@ -65,13 +65,7 @@ func newEdgeLab(t *testing.T, n int) *edgeLab {
 func (l *edgeLab) hops() string {
 	var b strings.Builder
 	counts := func(c cidroute.Counters) string {
-		s := fmt.Sprintf("%d→%d", c.Received, c.Forwarded)
-		for r, n := range c.Dropped {
-			if n != 0 {
-				s += fmt.Sprintf(" %v:%d", cidroute.Reason(r), n)
-			}
-		}
-		return s
+		return fmt.Sprintf("%d→%d %s", c.Received, c.Forwarded, c.DropSummary())
 	}
 	for i, p := range l.pipes {
 		for _, st := range p.Stats() {

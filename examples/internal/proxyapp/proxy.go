@@ -2,7 +2,6 @@ package proxyapp
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -119,22 +118,9 @@ func (p *proxy) logFinal() {
 			c    cidroute.Counters
 		}{{"forward", s.Forward}, {"reverse", s.Reverse}} {
 			p.log.Info("final counters", "service", s.Name, "direction", d.name, "received", d.c.Received,
-				"forwarded", d.c.Forwarded, "dropped", d.c.DroppedTotal(), "balanced", d.c.Balanced(), "drops", dropSummary(&d.c))
+				"forwarded", d.c.Forwarded, "dropped", d.c.DroppedTotal(), "balanced", d.c.Balanced(), "drops", d.c.DropSummary())
 		}
 	}
-}
-
-func dropSummary(c *cidroute.Counters) string {
-	out := ""
-	for r := cidroute.Reason(1); r < cidroute.NumReasons; r++ {
-		if n := c.Dropped[r]; n > 0 {
-			if out != "" {
-				out += ","
-			}
-			out += fmt.Sprintf("%s:%d", r, n)
-		}
-	}
-	return out
 }
 
 // sourceStopWait bounds how long close waits for the sources and the XDP
