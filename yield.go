@@ -15,6 +15,11 @@ import (
 // thread, about 3,000 wake-ups a second and a tenth of cidproxy's CPU
 // (README, Performance). A yield every half of those 10 ms keeps the
 // goroutine's schedule fresh, and sysmon backs off to its 10 ms sleeps.
+// A yield still wakes the thread of the spare P (the runtime's wakep),
+// which on one CPU often takes the goroutine: some 200 thread changes a
+// second, one futex wake each. Leaving no spare P (GOMAXPROCS = workers)
+// stops that but lets sysmon take the P at every wait longer than its
+// 20 µs tick, which costs more (docs/performance.md).
 const yieldEvery = 5 * time.Millisecond
 
 // A yielder decides when a thread loop yields (runtime.Gosched): once
