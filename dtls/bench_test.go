@@ -91,7 +91,8 @@ func TestAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() {
 		_, _ = AppendRecord(rec, cidRecord)
 		_ = StartsSession(flight5, 8)
+		_, _ = HelloSeq(ds[0], liveCIDLen)
 	}); n != 0 {
-		t.Fatalf("AppendRecord/StartsSession: %v allocs", n)
+		t.Fatalf("AppendRecord/StartsSession/HelloSeq: %v allocs", n)
 	}
 }

@@ -61,6 +61,33 @@ func StartsSession(b []byte, cidLen int) bool {
 	return err == nil && c.StartsSession()
 }
 
+// HelloSeq returns the message_seq of the first ClientHello fragment in
+// datagram b whose 12-octet handshake header is whole; ok is false when b
+// has none or a record of b is malformed. A handshake's first ClientHello
+// is message 0, and the one that answers a HelloVerifyRequest with its
+// cookie is message 1 (RFC 6347 §4.2.2). So a server that has no handshake
+// with the client and gets a later one knows the handshake began at
+// another server, which holds its state: behind a proxy tier, its cookie
+// exchange straddled a change of the backends (see docs/design.md). It is
+// for the path that opens a session, not the per-datagram one: it walks
+// the records again. It does not allocate.
+func HelloSeq(b []byte, cidLen int) (seq uint16, ok bool) {
+	if cidLen < MinCIDLen || cidLen > MaxCIDLen || len(b) == 0 {
+		return 0, false
+	}
+	for len(b) > 0 {
+		r, n, err := parseRecord(b, cidLen)
+		if err != nil {
+			return 0, false
+		}
+		if f := r.Fragment; !ok && r.Type == Handshake && r.Epoch == 0 && len(f) >= 12 && f[0] == byte(HandshakeClientHello) {
+			seq, ok = uint16(f[4])<<8|uint16(f[5]), true
+		}
+		b = b[n:]
+	}
+	return seq, ok
+}
+
 // isClientHello reports whether a whole record (header of h bytes, at
 // least one fragment byte) is an epoch-0 handshake record whose fragment
 // starts a ClientHello.

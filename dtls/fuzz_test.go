@@ -53,6 +53,9 @@ func FuzzClassify(f *testing.F) {
 		cidLen := int(cidLen8)
 		c, err := Classify(b, cidLen)
 		checkAgainstWalk(t, b, cidLen, c, err)
+		if _, ok := HelloSeq(b, cidLen); ok && (err != nil || !c.ClientHello) {
+			t.Fatalf("HelloSeq found a ClientHello where Classify says %+v, %v", c, err)
+		}
 	})
 }
 

@@ -236,3 +236,32 @@ func TestAppendHandshake(t *testing.T) {
 	noErr(t, err)
 	eq(t, Class{Kind: KindNew, ClientHello: true, Records: 1}, c)
 }
+
+func TestHelloSeq(t *testing.T) {
+	hello := func(seq uint16, body string) Record {
+		return Record{Type: Handshake, Version: VersionDTLS12, Fragment: AppendHandshake(nil, HandshakeClientHello, seq, []byte(body))}
+	}
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		seq  uint16
+		ok   bool
+	}{
+		{"pion's first hello", readHex(t, "pion_clienthello_1.hex"), 0, true},
+		{"pion's hello with the cookie", readHex(t, "pion_clienthello_2.hex"), 1, true},
+		{"OpenSSL's first hello", readHex(t, "openssl_clienthello.hex"), 0, true},
+		{"no hello", flight5, 0, false},
+		{"a header too short for message_seq", datagram(Record{Type: Handshake, Version: VersionDTLS12, Fragment: clientHelloFrag[:11]}), 0, false},
+		{"hello in epoch 1", datagram(Record{Type: Handshake, Version: VersionDTLS12, Epoch: 1, Fragment: AppendHandshake(nil, HandshakeClientHello, 0, nil)}), 0, false},
+		{"the first hello fragment counts", datagram(cidRecord, hello(3, "a"), hello(0, "b")), 3, true},
+		{"a broken record after the hello", append(datagram(hello(0, "a")), 22, 0xfe), 0, false},
+	} {
+		seq, ok := HelloSeq(tc.in, liveCIDLen)
+		eq(t, tc.ok, ok, tc.name)
+		eq(t, tc.seq, seq, tc.name)
+	}
+	_, ok := HelloSeq(readHex(t, "pion_clienthello_1.hex"), MaxCIDLen+1)
+	isTrue(t, !ok, "CID length out of range")
+	_, ok = HelloSeq(nil, 8)
+	isTrue(t, !ok, "empty")
+}

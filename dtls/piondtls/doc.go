@@ -45,6 +45,14 @@
 // drain's deadline passes, and those left are closed with close_notify and
 // counted, so that their clients open new sessions elsewhere.
 //
+// A ClientHello that answers a HelloVerifyRequest (message_seq 1, with the
+// cookie) from a client without a session here is dropped and counted
+// (Stats.DroppedForeignHello): its cookie exchange began at another
+// backend, and the proxies sent its second half here because their
+// backends changed in between (docs/design.md). pion could never finish
+// such a handshake, and a session made from it would take the client's
+// next handshake from the same address with it.
+//
 // On the client side, an EdgeDialer reaches a service through the best of
 // its edges (package edge), and moves its session from edge to edge
 // without a handshake: a record with a connection ID belongs to the

@@ -56,13 +56,20 @@ type Stats struct {
 	Delivered        uint64 // handed to a session
 	NewSessions      uint64 // sessions created from a ClientHello
 	DroppedNoSession uint64 // no session by CID or client address, and not a ClientHello
-	DroppedMalformed uint64 // not a valid DTLS 1.2 datagram
-	DroppedBacklog   uint64 // ClientHello with the accept backlog full, or after Close
-	DroppedQueue     uint64 // session queue full
-	Probes           uint64 // health probes answered (see Config.ProbeConfig)
-	ProbesDropped    uint64 // health probes not answered: no ProbeConfig, MaxProbes busy, or closed
-	Sessions         int    // live sessions
-	Cut              uint64 // sessions a Listener's Drain closed at its deadline
+	// DroppedForeignHello counts ClientHellos that answer a
+	// HelloVerifyRequest (message_seq > 0) from a client without a
+	// session here: its handshake began at another server, which alone
+	// holds the cookie and the state. A session made from one would never
+	// progress (pion waits for message 0) and would take the client's
+	// next handshake from the same address with it.
+	DroppedForeignHello uint64
+	DroppedMalformed    uint64 // not a valid DTLS 1.2 datagram
+	DroppedBacklog      uint64 // ClientHello with the accept backlog full, or after Close
+	DroppedQueue        uint64 // session queue full
+	Probes              uint64 // health probes answered (see Config.ProbeConfig)
+	ProbesDropped       uint64 // health probes not answered: no ProbeConfig, MaxProbes busy, or closed
+	Sessions            int    // live sessions
+	Cut                 uint64 // sessions a Listener's Drain closed at its deadline
 }
 
 // Generator returns pion's ConnectionIDGenerator for a backend's ordinal,
@@ -107,8 +114,8 @@ type PacketListener struct {
 	onEnd     func(*session)                                     // a Listener's, called when a session ends
 
 	st struct {
-		delivered, newSessions, noSession, malformed, backlog, queue atomic.Uint64
-		probes, probesDropped, cut                                   atomic.Uint64
+		delivered, newSessions, noSession, foreignHello, malformed, backlog, queue atomic.Uint64
+		probes, probesDropped, cut                                                 atomic.Uint64
 	}
 }
 
@@ -203,16 +210,17 @@ func (l *PacketListener) Stats() Stats {
 	n := l.sessions
 	l.mu.Unlock()
 	return Stats{
-		Delivered:        l.st.delivered.Load(),
-		NewSessions:      l.st.newSessions.Load(),
-		DroppedNoSession: l.st.noSession.Load(),
-		DroppedMalformed: l.st.malformed.Load(),
-		DroppedBacklog:   l.st.backlog.Load(),
-		DroppedQueue:     l.st.queue.Load(),
-		Probes:           l.st.probes.Load(),
-		ProbesDropped:    l.st.probesDropped.Load(),
-		Sessions:         n,
-		Cut:              l.st.cut.Load(),
+		Delivered:           l.st.delivered.Load(),
+		NewSessions:         l.st.newSessions.Load(),
+		DroppedNoSession:    l.st.noSession.Load(),
+		DroppedForeignHello: l.st.foreignHello.Load(),
+		DroppedMalformed:    l.st.malformed.Load(),
+		DroppedBacklog:      l.st.backlog.Load(),
+		DroppedQueue:        l.st.queue.Load(),
+		Probes:              l.st.probes.Load(),
+		ProbesDropped:       l.st.probesDropped.Load(),
+		Sessions:            n,
+		Cut:                 l.st.cut.Load(),
 	}
 }
 
@@ -282,6 +290,10 @@ func (l *PacketListener) route(b []byte, a *backend.Addr) (s *session, byCID boo
 	}
 	if !cl.ClientHello {
 		l.st.noSession.Add(1)
+		return nil, false
+	}
+	if seq, ok := dtls.HelloSeq(b, cidLen); ok && seq > 0 {
+		l.st.foreignHello.Add(1)
 		return nil, false
 	}
 	if l.closed {

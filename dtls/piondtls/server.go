@@ -143,9 +143,10 @@ func (l *Listener) Stats() Stats { return l.pl.Stats() }
 // It returns the number of established sessions it closed (also counted
 // in Stats.Cut), 0 when every session ended by itself. Handshakes still
 // unfinished at the deadline are closed too but not counted: their client
-// has no session yet, and goes on with another backend (a ClientHello
-// retransmitted after the cookie exchange reaches a ready backend once the
-// proxies see this one draining). Accept returns ErrClosed from the start
+// has no session yet and must handshake again: once the proxies see this
+// backend draining, its ClientHello with this backend's cookie reaches
+// another one, which drops it as foreign (Stats.DroppedForeignHello), and
+// its next handshake works there. Accept returns ErrClosed from the start
 // of Drain.
 func (l *Listener) Drain(ctx context.Context) (cut int) {
 	l.pl.Close()

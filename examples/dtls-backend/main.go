@@ -113,6 +113,7 @@ func run(drain, kill context.Context, args []string, stderr io.Writer, started f
 	st, dm := srv.Stats()
 	log.Info("dtls-backend stopped", "sessions", dm.NewSessions,
 		"proxied", st.AcceptedProxied, "direct", st.AcceptedDirect, "dropped", st.Dropped(),
-		"dropped_untrusted", st.DroppedUntrusted, "dropped_no_session", dm.DroppedNoSession)
+		"dropped_untrusted", st.DroppedUntrusted, "dropped_no_session", dm.DroppedNoSession,
+		"dropped_foreign_hello", dm.DroppedForeignHello)
 	return 0
 }
