@@ -297,5 +297,12 @@ func (st *runState) rebuild(in []*discoveryv1.EndpointSlice) {
 	for _, b := range bs {
 		n[b.State]++
 	}
-	log.Info("kubernetes: backends updated", "ready", n[registry.Ready], "draining", n[registry.Draining], "gone", n[registry.Gone])
+	attrs := []any{"ready", n[registry.Ready], "draining", n[registry.Draining], "gone", n[registry.Gone]}
+	// The snapshot's version (cidroute_registry_snapshot_version) tells
+	// one update from the next with the same counts, which a log that
+	// holds back repeated lines would otherwise fold together.
+	if r, ok := st.u.(interface{ Stats() registry.Stats }); ok {
+		attrs = append(attrs, "version", r.Stats().Version)
+	}
+	log.Info("kubernetes: backends updated", attrs...)
 }

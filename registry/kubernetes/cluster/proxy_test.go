@@ -108,6 +108,45 @@ func (p *cidproxy) scrape() map[string]float64 {
 	return m
 }
 
+// updates returns when the proxy changed its backends, from its log
+// (slog's text format, times to the millisecond).
+func (p *cidproxy) updates() []time.Time {
+	data, _ := os.ReadFile(p.proc.log)
+	var ts []time.Time
+	for line := range strings.Lines(string(data)) {
+		if !strings.Contains(line, `msg="kubernetes: backends updated"`) {
+			continue
+		}
+		v, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+		if at, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			ts = append(ts, at)
+		}
+	}
+	return ts
+}
+
+// straddled reports whether the proxy changed its backends during the
+// cookie round r: between the first ClientHello and the ClientHello that
+// answered the HelloVerifyRequest (sent at once; the slack allows for
+// the proxy's log line, written after the change, and for a loaded
+// machine). Such a round's second ClientHello can go by HRW to another
+// backend than its first, and only the first holds the cookie: the one
+// way a new handshake may fail while backends change (see
+// docs/design.md).
+func (p *cidproxy) straddled(r cookieRound) bool { return r.straddles(p.updates()) }
+
+func (r cookieRound) straddles(updates []time.Time) bool {
+	if r.verify.IsZero() {
+		return false // no HelloVerifyRequest came back
+	}
+	for _, at := range updates {
+		if !at.Before(r.hello.Add(-time.Millisecond)) && !at.After(r.verify.Add(50*time.Millisecond)) {
+			return true
+		}
+	}
+	return false
+}
+
 // state is the proxy's registry as its metrics show it.
 type state struct {
 	ready, draining, gone int
@@ -157,32 +196,68 @@ type session struct {
 }
 
 // cidConn is the client's socket; it keeps the connection ID of the last
-// tls12_cid record the client sent (the CID the backend issued).
+// tls12_cid record the client sent (the CID the backend issued), and the
+// times of the handshake's cookie round.
 type cidConn struct {
 	net.PacketConn
-	mu  sync.Mutex
-	cid []byte
+	mu    sync.Mutex
+	cid   []byte
+	round cookieRound
+}
+
+// cookieRound is when the client sent its first datagram (the first
+// ClientHello) and when the first HelloVerifyRequest came back: the proxy
+// routes the ClientHello that answers it, with the cookie, right after.
+type cookieRound struct {
+	hello, verify time.Time
 }
 
 func (c *cidConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	c.mu.Lock()
+	if c.round.hello.IsZero() {
+		c.round.hello = time.Now()
+	}
 	// tls12_cid (25): type, version, epoch, sequence number, then the CID
 	// at offset 11, of the configured length (8).
 	if len(b) >= 11+8 && b[0] == 25 {
-		c.mu.Lock()
 		c.cid = append(c.cid[:0], b[11:19]...)
+	}
+	c.mu.Unlock()
+	return c.PacketConn.WriteTo(b, addr)
+}
+
+func (c *cidConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, a, err := c.PacketConn.ReadFrom(b)
+	// A handshake record (22) whose message is a HelloVerifyRequest (3).
+	if err == nil && n > 13 && b[0] == 22 && b[13] == 3 {
+		c.mu.Lock()
+		if c.round.verify.IsZero() {
+			c.round.verify = time.Now()
+		}
 		c.mu.Unlock()
 	}
-	return c.PacketConn.WriteTo(b, addr)
+	return n, a, err
 }
 
 // dial handshakes through the proxy at addr within timeout. The backends
 // run in certificate mode with self-signed certificates.
 func dial(ctx context.Context, addr netip.AddrPort, timeout time.Duration) (*session, error) {
+	s, _, err := dialRound(ctx, addr, timeout)
+	return s, err
+}
+
+// dialRound is dial that also says when the handshake's cookie round was.
+func dialRound(ctx context.Context, addr netip.AddrPort, timeout time.Duration) (*session, cookieRound, error) {
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
-		return nil, err
+		return nil, cookieRound{}, err
 	}
 	sock := &cidConn{PacketConn: pc}
+	round := func() cookieRound {
+		sock.mu.Lock()
+		defer sock.mu.Unlock()
+		return sock.round
+	}
 	c, err := pion.Client(sock, net.UDPAddrFromAddrPort(addr), &pion.Config{
 		InsecureSkipVerify:    true,
 		ConnectionIDGenerator: pion.OnlySendCIDGenerator(),
@@ -190,16 +265,16 @@ func dial(ctx context.Context, addr netip.AddrPort, timeout time.Duration) (*ses
 	})
 	if err != nil {
 		pc.Close()
-		return nil, err
+		return nil, cookieRound{}, err
 	}
 	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := c.HandshakeContext(hctx); err != nil {
 		c.Close()
 		pc.Close()
-		return nil, fmt.Errorf("handshake via %v: %w", addr, err)
+		return nil, round(), fmt.Errorf("handshake via %v: %w", addr, err)
 	}
-	return &session{conn: c, sock: sock}, nil
+	return &session{conn: c, sock: sock}, round(), nil
 }
 
 // ordinal decrypts the backend ordinal from the session's connection ID

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -86,8 +87,30 @@ func TestRollingReplacement(t *testing.T) {
 	if tr.lost != 0 || tr.broken != 0 {
 		errorf(t, "%d echoes lost %v, %d sessions broken; redials: %v", tr.lost, tr.losses, tr.broken, tr.redials)
 	}
-	if ok, failed := tr.newOutcomes(start, done); len(failed) != 0 || ok == 0 {
-		errorf(t, "new handshakes during the rollout: %d ok, %d failed: %v", ok, len(failed), failed)
+	// A new handshake may fail only when its cookie round straddled a
+	// change of the proxy's backends, and then by its deadline: the
+	// backend its second ClientHello reached dropped it as foreign.
+	ok, failed := tr.newOutcomes(start, done)
+	changes := 0
+	for _, at := range p.updates() {
+		if !at.Before(start) && at.Before(done) {
+			changes++
+		}
+	}
+	t.Logf("the proxy changed its backends %d times during the rollout", changes)
+	if changes < 3 { // a drain and a new pod for each of 3 pods, at least
+		errorf(t, "the proxy's log shows %d changes of its backends during the rollout", changes)
+	}
+	var unexplained []newAt
+	for _, f := range failed {
+		if p.straddled(f.round) && errors.Is(f.err, context.DeadlineExceeded) {
+			t.Logf("new handshake %v: its cookie round (%v) straddled a change of the backends", f, f.round.verify.Sub(f.round.hello))
+			continue
+		}
+		unexplained = append(unexplained, f)
+	}
+	if len(unexplained) != 0 || ok == 0 {
+		errorf(t, "new handshakes during the rollout: %d ok, %d failed: %v", ok, len(unexplained), unexplained)
 	}
 	if tr.cuts == 0 {
 		errorf(t, "no session was closed by a draining backend: did the pods drain?")
@@ -105,4 +128,28 @@ func sum(m map[int]int) int {
 		n += v
 	}
 	return n
+}
+
+// TestStraddles: the rule that excuses a failed new handshake needs a
+// change of the backends inside its cookie round, and a cookie round.
+func TestStraddles(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 16, 1, 13, 919_000_000, time.UTC)
+	round := cookieRound{hello: t0, verify: t0.Add(2 * time.Millisecond)}
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	for _, tc := range []struct {
+		r       cookieRound
+		updates []time.Time
+		want    bool
+	}{
+		{round, []time.Time{ms(1)}, true},
+		{round, []time.Time{ms(-1)}, true}, // the log's millisecond
+		{round, []time.Time{ms(52)}, true}, // the log line's slack
+		{round, []time.Time{ms(-300), ms(53)}, false},
+		{round, nil, false},
+		{cookieRound{hello: t0}, []time.Time{ms(0)}, false}, // no HelloVerifyRequest
+	} {
+		if got := tc.r.straddles(tc.updates); got != tc.want {
+			t.Errorf("round %v–%v, updates %v: straddles %v, want %v", tc.r.hello.Format("05.000"), tc.r.verify.Format("05.000"), tc.updates, got, tc.want)
+		}
+	}
 }

@@ -34,9 +34,12 @@ type echoAt struct {
 }
 
 type newAt struct {
-	at  time.Time
-	err error
+	at    time.Time
+	err   error
+	round cookieRound
 }
+
+func (n newAt) String() string { return fmt.Sprintf("%s: %v", n.at.Format("15:04:05.000"), n.err) }
 
 const echoEvery = 200 * time.Millisecond
 
@@ -132,13 +135,13 @@ func (tr *traffic) session(i int, s *session) {
 func (tr *traffic) newSessions(every time.Duration) {
 	for !tr.stopped() {
 		at := time.Now()
-		s, err := dial(context.Background(), tr.p.addr, 2*time.Second)
+		s, round, err := dialRound(context.Background(), tr.p.addr, 2*time.Second)
 		if err == nil {
 			err = s.echo("new", 2, 500*time.Millisecond)
 			s.close()
 		}
 		tr.mu.Lock()
-		tr.news = append(tr.news, newAt{at, err})
+		tr.news = append(tr.news, newAt{at, err, round})
 		tr.mu.Unlock()
 		select {
 		case <-tr.stop:
@@ -158,8 +161,8 @@ func (tr *traffic) halt() {
 }
 
 // newOutcomes counts the new handshakes started in [from, to) that
-// worked, and returns the errors of those that failed, with their times.
-func (tr *traffic) newOutcomes(from, to time.Time) (ok int, failed []string) {
+// worked, and returns those that failed.
+func (tr *traffic) newOutcomes(from, to time.Time) (ok int, failed []newAt) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	for _, n := range tr.news {
@@ -169,7 +172,7 @@ func (tr *traffic) newOutcomes(from, to time.Time) (ok int, failed []string) {
 		if n.err == nil {
 			ok++
 		} else {
-			failed = append(failed, fmt.Sprintf("%s: %v", n.at.Format("15:04:05.000"), n.err))
+			failed = append(failed, n)
 		}
 	}
 	return ok, failed
