@@ -14,6 +14,7 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/cidroutetest"
+	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -56,7 +57,10 @@ func TestCookieRoundElsewhere(t *testing.T) {
 		aBefore, bBefore := a.pl.Stats(), b.pl.Stats()
 
 		hooked := &onHelloVerify{switchConn: sc, fn: func() { require.NoError(t, p.Registry.Update(states(first.Ordinal))) }}
-		err := handshake(hooked, 1500*time.Millisecond)
+		c, err := handshake(hooked, 1500*time.Millisecond)
+		if c != nil {
+			c.Close()
+		}
 		require.Error(t, err, "client %d: the cookie round went to %d, which never sent the cookie", i, b.ord)
 		require.True(t, hooked.fired(), "the registry changed at the HelloVerifyRequest")
 
@@ -67,12 +71,9 @@ func TestCookieRoundElsewhere(t *testing.T) {
 
 		// The client's next handshake, from the same socket, goes to B
 		// and works at the first try.
-		c, err := pion.Client(&onHelloVerify{switchConn: sc}, sc.remote, clientPSK())
-		require.NoError(t, err)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		start := time.Now()
-		require.NoError(t, c.HandshakeContext(ctx), "client %d: the handshake after the failed one", i)
-		cancel()
+		c, err = handshake(&onHelloVerify{switchConn: sc}, 5*time.Second)
+		require.NoError(t, err, "client %d: the handshake after the failed one", i)
 		assert.Less(t, time.Since(start), time.Second, "no retransmission was needed")
 		assert.Equal(t, fmt.Sprintf("%d|again", b.ord), ask(t, c, "again"))
 		c.Close()
@@ -93,14 +94,20 @@ type onHelloVerify struct {
 
 func (h *onHelloVerify) ReadFrom(b []byte) (int, net.Addr, error) {
 	n, a, err := h.switchConn.ReadFrom(b)
-	// A handshake record holding a HelloVerifyRequest.
-	if err == nil && h.fn != nil && n > 13 && b[0] == 22 && b[13] == 3 && h.done.CompareAndSwap(false, true) {
+	if err == nil && h.fn != nil && isHelloVerify(b[:n]) && h.done.CompareAndSwap(false, true) {
 		h.fn()
 	}
 	return n, a, err
 }
 
 func (h *onHelloVerify) fired() bool { return h.done.Load() }
+
+// isHelloVerify reports whether datagram b starts with a handshake record
+// holding a HelloVerifyRequest.
+func isHelloVerify(b []byte) bool {
+	r, _, err := dtls.ParseRecord(b, 8)
+	return err == nil && r.Type == dtls.Handshake && r.Fragment[0] == byte(dtls.HandshakeHelloVerifyRequest)
+}
 
 func (h *onHelloVerify) Close() error { return nil }
 
@@ -111,14 +118,14 @@ func clientPSK() *pion.Config {
 	return cfg
 }
 
-// handshake runs one client handshake on c with a budget.
-func handshake(c net.PacketConn, budget time.Duration) error {
-	cl, err := pion.Client(c, c.(*onHelloVerify).remote, clientPSK())
+// handshake runs one client handshake on h within budget; the caller
+// closes the conn.
+func handshake(h *onHelloVerify, budget time.Duration) (*pion.Conn, error) {
+	c, err := pion.Client(h, h.remote, clientPSK())
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
-	return cl.HandshakeContext(ctx)
+	return c, c.HandshakeContext(ctx)
 }

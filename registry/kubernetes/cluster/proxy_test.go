@@ -24,6 +24,7 @@ import (
 	pion "github.com/pion/dtls/v3"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/internal/testtool"
 )
 
@@ -125,16 +126,14 @@ func (p *cidproxy) updates() []time.Time {
 	return ts
 }
 
-// straddled reports whether the proxy changed its backends during the
-// cookie round r: between the first ClientHello and the ClientHello that
-// answered the HelloVerifyRequest (sent at once; the slack allows for
-// the proxy's log line, written after the change, and for a loaded
-// machine). Such a round's second ClientHello can go by HRW to another
-// backend than its first, and only the first holds the cookie: the one
-// way a new handshake may fail while backends change (see
-// docs/design.md).
-func (p *cidproxy) straddled(r cookieRound) bool { return r.straddles(p.updates()) }
-
+// straddles reports whether the proxy changed its backends (updates)
+// during the cookie round r: between the first ClientHello and the
+// ClientHello that answered the HelloVerifyRequest (sent at once; the
+// slack allows for the proxy's log line, written after the change, and
+// for a loaded machine). Such a round's second ClientHello can go by HRW
+// to another backend than its first, and only the first holds the
+// cookie: the one way a new handshake may fail while backends change
+// (see docs/design.md).
 func (r cookieRound) straddles(updates []time.Time) bool {
 	if r.verify.IsZero() {
 		return false // no HelloVerifyRequest came back
@@ -228,8 +227,7 @@ func (c *cidConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 
 func (c *cidConn) ReadFrom(b []byte) (int, net.Addr, error) {
 	n, a, err := c.PacketConn.ReadFrom(b)
-	// A handshake record (22) whose message is a HelloVerifyRequest (3).
-	if err == nil && n > 13 && b[0] == 22 && b[13] == 3 {
+	if err == nil && isHelloVerify(b[:n]) {
 		c.mu.Lock()
 		if c.round.verify.IsZero() {
 			c.round.verify = time.Now()
@@ -237,6 +235,13 @@ func (c *cidConn) ReadFrom(b []byte) (int, net.Addr, error) {
 		c.mu.Unlock()
 	}
 	return n, a, err
+}
+
+// isHelloVerify reports whether datagram b starts with a handshake record
+// holding a HelloVerifyRequest.
+func isHelloVerify(b []byte) bool {
+	r, _, err := dtls.ParseRecord(b, 8)
+	return err == nil && r.Type == dtls.Handshake && r.Fragment[0] == byte(dtls.HandshakeHelloVerifyRequest)
 }
 
 // dial handshakes through the proxy at addr within timeout. The backends

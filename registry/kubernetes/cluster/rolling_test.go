@@ -91,8 +91,9 @@ func TestRollingReplacement(t *testing.T) {
 	// change of the proxy's backends, and then by its deadline: the
 	// backend its second ClientHello reached dropped it as foreign.
 	ok, failed := tr.newOutcomes(start, done)
+	updates := p.updates()
 	changes := 0
-	for _, at := range p.updates() {
+	for _, at := range updates {
 		if !at.Before(start) && at.Before(done) {
 			changes++
 		}
@@ -103,7 +104,7 @@ func TestRollingReplacement(t *testing.T) {
 	}
 	var unexplained []newAt
 	for _, f := range failed {
-		if p.straddled(f.round) && errors.Is(f.err, context.DeadlineExceeded) {
+		if f.round.straddles(updates) && errors.Is(f.err, context.DeadlineExceeded) {
 			t.Logf("new handshake %v: its cookie round (%v) straddled a change of the backends", f, f.round.verify.Sub(f.round.hello))
 			continue
 		}
