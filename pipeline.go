@@ -79,6 +79,8 @@ type Service struct {
 	// SessionIdle is how long a transparent session lives without traffic
 	// (0 = DefaultSessionIdle, 2 minutes; at least MinSessionIdle).
 	SessionIdle time.Duration
+
+	stall *stall // the overload tests' slow workers
 }
 
 // Config configures a Pipeline.
@@ -511,8 +513,8 @@ func (p *Pipeline) newWorker(s *service, in, up *net.UDPConn) (*worker, error) {
 		}
 		return nil, err
 	}
-	rp := &replies{router: s.router, own: &p.own, out: w.in}
-	w.rp, w.lenLog = rp, &s.lenLog
+	rp := &replies{router: s.router, own: &p.own, out: w.in, stall: sc.stall}
+	w.rp, w.lenLog, w.stall = rp, &s.lenLog, sc.stall
 	if sc.Transparent {
 		w.up = newSessionTable(rp, sc.MaxSessions, sc.SessionIdle, cfg.MaxDatagram)
 	} else {

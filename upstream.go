@@ -88,6 +88,7 @@ type replies struct {
 	mu     sync.Mutex  // one writer at a time on out (transparent relays are many)
 	out    *udpio.Conn // the service socket
 	rev    liveCounters
+	stall  *stall // the worker's, tests only
 }
 
 func (rp *replies) view() View {
@@ -102,6 +103,7 @@ func (rp *replies) relay(in, buf []udpio.Message, sess Session) error {
 	v := rp.view()
 	if len(in) > 0 {
 		c.batch(len(in))
+		rp.stall.after(1)
 	}
 	out := buf[:0]
 	for i := range in {
