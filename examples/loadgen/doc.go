@@ -3,8 +3,8 @@
 // round-trip time percentiles. It is the client side of the forwarding
 // benchmark in bench/.
 //
-// Each datagram is a DTLS 1.2 tls12_cid record, a DTLS ClientHello or a
-// QUIC short header (-mix), carrying a connection ID with one of the
+// Each datagram is a DTLS 1.2 tls12_cid record, a DTLS ClientHello, a
+// QUIC short header or random bytes that a DTLS service drops (-mix), carrying a connection ID with one of the
 // configured backend ordinals (-ordinals), and ends with a 24-byte stamp
 // (run, sequence number, send time) that an echo backend returns
 // unchanged. Datagrams go out and come back in recvmmsg/sendmmsg batches.
@@ -17,7 +17,12 @@
 // With -rate, datagrams are paced evenly from the start, in bursts of at
 // most -batch at the timer's resolution; without it, loadgen sends flat
 // out with at most -window datagrams in flight per socket (a closed loop,
-// so the forwarder's capacity shows as rate, not as loss).
+// so the forwarder's capacity shows as rate, not as loss). Both are open
+// loop past capacity only with -rate or -open: -open sends flat out
+// whatever comes back, one sender per socket, so -sockets N offers N
+// senders' worth in parallel; several loadgen processes add up, and a
+// flood of junk is one with -mix random or -ordinals naming an ordinal no
+// backend has.
 //
 // It sends for -warmup, then measures for -duration, waits at most -drain
 // for the last replies and exits. It refuses a target that is not a

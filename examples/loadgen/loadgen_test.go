@@ -279,6 +279,13 @@ func TestTemplatesClassify(t *testing.T) {
 		assert.True(t, ok)
 		assert.Equal(t, ord, got)
 	}
+	for range 100 {
+		b, err := c.template(random, 0)
+		require.NoError(t, err)
+		require.Len(t, b, 121)
+		_, err = dtls.Classify(b, 8)
+		require.Error(t, err, "random bytes %x classify", b[:4])
+	}
 	assert.Error(t, shapeConfig{size: 40, dtlsCIDLen: 8, quicCIDLen: 12}.validate([]shape{dtlsCID}), "no room for the stamp")
 	assert.Error(t, shapeConfig{size: 121, dtlsCIDLen: 8, quicCIDLen: 4}.validate([]shape{dtlsCID}), "QUIC-LB CID of 4")
 	assert.Error(t, shapeConfig{size: 121, dtlsCIDLen: 2, quicCIDLen: 12}.validate([]shape{dtlsCID}), "DTLS CID of 2")
@@ -381,13 +388,38 @@ func TestRunAgainstEcho(t *testing.T) {
 	assert.True(t, strings.HasPrefix(out.String(), "target "+echo.String()))
 }
 
+// TestOpenLoop: against a socket that never answers, -open keeps sending
+// flat out, where the closed loop stops at -window in flight and then
+// writes them off every 50 ms (at most 16 × 300 ms / 50 ms here).
+func TestOpenLoop(t *testing.T) {
+	hole, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer hole.Close()
+	run := func(extra ...string) Result {
+		var out, errb bytes.Buffer
+		args := append([]string{"-json", "-target", hole.LocalAddr().String(), "-window", "16", "-sockets", "2",
+			"-mix", "dtls-cid,random", "-warmup", "0s", "-duration", "300ms", "-drain", "0s"}, extra...)
+		require.Equal(t, 0, cmd(context.Background(), args, &out, &errb), errb.String())
+		var r Result
+		require.NoError(t, json.Unmarshal(out.Bytes(), &r))
+		assert.Zero(t, r.Received)
+		return r
+	}
+	closed, open := run(), run("-open")
+	assert.False(t, closed.Open)
+	assert.True(t, open.Open)
+	assert.LessOrEqual(t, closed.Sent, uint64(2*16*(300/50+1)))
+	assert.Greater(t, open.Sent, 10*closed.Sent, "open loop: sent %d, closed %d", open.Sent, closed.Sent)
+	assert.Equal(t, open.Sent, open.Lost)
+}
+
 func TestCmdErrors(t *testing.T) {
 	var errb bytes.Buffer
 	assert.Equal(t, 2, cmd(context.Background(), []string{"-target", "192.0.2.1:1"}, &bytes.Buffer{}, &errb))
 	assert.Contains(t, errb.String(), "-allow-remote")
 	for _, args := range [][]string{
 		{"-clients", "0"}, {"-sockets", "0"}, {"-duration", "0s"}, {"-size", "20"}, {"-mix", "tcp"},
-		{"-ordinals", "300"}, {"-batch", "0"}, {"extra"},
+		{"-ordinals", "300"}, {"-batch", "0"}, {"extra"}, {"-open", "-rate", "1000"},
 	} {
 		assert.Equal(t, 2, cmd(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{}), "%q", args)
 	}

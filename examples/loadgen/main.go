@@ -36,6 +36,7 @@ type config struct {
 	sockets     int
 	rate        uint64 // datagrams per second over all sockets; 0 = flat out
 	window      int    // flat out: datagrams in flight per socket
+	open        bool   // flat out without a window: send whatever comes back
 	batch       int
 	warmup      time.Duration
 	duration    time.Duration // measured window, after warmup
@@ -61,6 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.sockets, "sockets", 1, "client sockets; clients beyond this many get their own 127.1.x.y source address")
 	rate := fs.Uint64("rate", 0, "offered datagrams per second over all clients; 0 sends flat out with -window in flight")
 	fs.IntVar(&c.window, "window", 256, "flat out: datagrams in flight per socket")
+	fs.BoolVar(&c.open, "open", false, "flat out in an open loop: every socket's sender sends as fast as it can, whatever comes back (-sockets senders in parallel)")
 	fs.IntVar(&c.batch, "batch", udpio.DefaultBatch, "datagrams per sendmmsg/recvmmsg")
 	fs.DurationVar(&c.warmup, "warmup", time.Second, "sending before the measured window (not counted)")
 	fs.DurationVar(&c.duration, "duration", 5*time.Second, "measured window; loadgen stops by itself after warmup+duration+drain")
@@ -119,6 +121,8 @@ func (c *config) validate(ords string) error {
 		return fmt.Errorf("loadgen: -batch %d: want 1..1024", c.batch)
 	case c.window < 1:
 		return fmt.Errorf("loadgen: -window %d: want ≥ 1", c.window)
+	case c.open && c.rate > 0:
+		return errors.New("loadgen: -open sends flat out: leave -rate at 0 (with -rate the load is open loop already)")
 	case c.warmup < 0 || c.duration <= 0 || c.drain < 0:
 		return errors.New("loadgen: -warmup and -drain must be ≥ 0, -duration > 0")
 	}
@@ -138,6 +142,7 @@ type Result struct {
 	Clients    int     `json:"clients"`
 	Sockets    int     `json:"sockets"`
 	Rate       uint64  `json:"rate"` // requested; 0 = flat out
+	Open       bool    `json:"open"` // flat out in an open loop
 	WindowSecs float64 `json:"window_s"`
 
 	// Counted over the measured window: datagrams sent in it, and those
@@ -219,6 +224,9 @@ func cmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func (r *Result) print(w io.Writer) {
 	rate := "flat out"
+	if r.Open {
+		rate = "flat out, open loop"
+	}
 	if r.Rate > 0 {
 		rate = fmt.Sprintf("%d/s", r.Rate)
 	}
@@ -403,7 +411,8 @@ func openSockets(cfg config) ([]*sock, error) {
 }
 
 // send runs one socket's sender until the window ends: paced at p.rate,
-// or flat out with at most cfg.window datagrams in flight.
+// flat out with at most cfg.window datagrams in flight, or flat out
+// whatever comes back (cfg.open).
 func (s *sock) send(ctx context.Context, cfg config, run uint32, p pacer, clock func() int64, warm, end int64) {
 	var seq uint64 // datagrams tried: the pacer's count
 	next := 0      // next client
@@ -421,7 +430,7 @@ func (s *sock) send(ctx context.Context, cfg config, run uint32, p pacer, clock 
 				time.Sleep(min(wait, time.Duration(end-now)))
 				continue
 			}
-		} else {
+		} else if !cfg.open {
 			// Flat out, closed loop: wait for replies when the window is
 			// full; after 50 ms without one, count what is out as lost.
 			inflight := int(s.sent - s.received.Load() - writtenOff)
@@ -497,7 +506,7 @@ func (s *sock) receive(run uint32, clock func() int64, warm, end int64) {
 
 func report(cfg config, socks []*sock, w *watcher) *Result {
 	r := &Result{Target: cfg.target.String(), Mix: cfg.mix, Size: cfg.shapes.size, Clients: cfg.clients,
-		Sockets: cfg.sockets, Rate: cfg.rate, WindowSecs: cfg.duration.Seconds()}
+		Sockets: cfg.sockets, Rate: cfg.rate, Open: cfg.open, WindowSecs: cfg.duration.Seconds()}
 	var h histogram
 	for _, s := range socks {
 		r.Sent += s.sentWin

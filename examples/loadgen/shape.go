@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 
@@ -17,10 +18,11 @@ const (
 	dtlsCID   shape = iota // DTLS 1.2 tls12_cid record: routed by the CID's ordinal
 	dtlsHello              // DTLS ClientHello record: a new session, hashed by client address
 	quicShort              // QUIC short header with a QUIC-LB DCID: routed by its server ID
+	random                 // random bytes whose first byte no DTLS record starts with: junk a DTLS service drops as malformed
 	numShapes
 )
 
-var shapeNames = [numShapes]string{"dtls-cid", "dtls-hello", "quic-short"}
+var shapeNames = [numShapes]string{"dtls-cid", "dtls-hello", "quic-short", "random"}
 
 func (s shape) String() string { return shapeNames[s] }
 
@@ -106,6 +108,8 @@ func (c shapeConfig) headerLen(s shape) int {
 		return 13 + c.dtlsCIDLen
 	case dtlsHello:
 		return 13 + 12
+	case random:
+		return 0
 	default:
 		return 1 + c.quicCIDLen
 	}
@@ -146,6 +150,15 @@ func (c shapeConfig) template(s shape, ordinal uint8) ([]byte, error) {
 	case dtlsHello:
 		return dtls.AppendRecord(make([]byte, 0, c.size), dtls.Record{Type: dtls.Handshake,
 			Fragment: dtls.AppendHandshake(nil, dtls.HandshakeClientHello, 0, body)})
+	case random:
+		for i := range body {
+			body[i] = byte(rand.Uint32())
+		}
+		// No DTLS record starts with 0–19 (content types 20–25, DTLS
+		// 1.3's 001xxxxx). A QUIC service reads them as short headers
+		// with a random DCID, an unknown ordinal mostly.
+		body[0] = byte(rand.IntN(20))
+		return body, nil
 	default:
 		// Short header: form 0, fixed bit 1, packet number length 2.
 		b := append(make([]byte, 0, c.size), 0x41)
