@@ -191,6 +191,12 @@ func freeTCP() (int, error) {
 }
 
 func (e *env) startCidproxy(backend netip.AddrPort, workers int, wait string) (*process, error) {
+	return e.startCidproxyBuf(backend, workers, wait, 0)
+}
+
+// startCidproxyBuf starts cidproxy with recv_buffer recvBuf (0: its
+// default).
+func (e *env) startCidproxyBuf(backend netip.AddrPort, workers int, wait string, recvBuf int) (*process, error) {
 	port, err := freeUDP()
 	if err != nil {
 		return nil, err
@@ -211,6 +217,9 @@ func (e *env) startCidproxy(backend netip.AddrPort, workers int, wait string) (*
 			"name": "bench", "protocol": "dtls", "listen": fmt.Sprintf("127.0.0.1:%d", port),
 			"workers": workers, "backends": []be{{0, backend.String()}},
 		}},
+	}
+	if recvBuf > 0 {
+		cfg["services"].([]map[string]any)[0]["recv_buffer"] = recvBuf
 	}
 	b, _ := json.Marshal(cfg)
 	path := filepath.Join(e.tmp, fmt.Sprintf("cidproxy-%d.json", port))

@@ -30,6 +30,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == "-spin" { // -overload's busy loop
+		spin()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := cmd(ctx, os.Args[1:], os.Stderr); err != nil {
@@ -56,6 +59,7 @@ type options struct {
 	command       string // as typed, for the report
 	nginx, module string
 	render        string
+	ov            overloadOptions
 }
 
 func parseOptions(args []string, stderr io.Writer) (options, error) {
@@ -80,6 +84,10 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.nginx, "nginx", "nginx", "nginx binary")
 	fs.StringVar(&o.module, "nginx-stream-module", "/usr/lib/nginx/modules/ngx_stream_module.so", "ngx_stream_module.so")
 	command := fs.String("command", "", "the command line to print in the report (run.sh passes its own)")
+	fs.BoolVar(&o.ov.on, "overload", false, "run only the experiment past capacity (overload.md, overload.json): open-loop load at multiples of one worker's capacity, recv_buffer sizes, junk floods")
+	mults := fs.String("overload-mults", "1,2,5", "-overload: offered load in multiples of cidproxy-1w's capacity")
+	fs.IntVar(&o.ov.spin, "overload-spin", 3, "-overload: busy loops sharing the forwarder's CPU, so that loadgen can offer several times what it forwards")
+	bufs := fs.String("overload-buffers", "212992,1048576,4194304", "-overload: recv_buffer sizes measured at 2× capacity")
 	fs.StringVar(&o.render, "render", "", "only rewrite table.md in -out from this `results.json` (after changing the report)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -128,6 +136,13 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if o.clientCounts, err = parseList(or(*counts, defCounts), strconv.Atoi); err != nil {
 		return o, fmt.Errorf("-clients: %w", err)
 	}
+	if o.ov.mults, err = parseList(*mults, func(s string) (float64, error) { return strconv.ParseFloat(s, 64) }); err != nil {
+		return o, fmt.Errorf("-overload-mults: %w", err)
+	}
+	if o.ov.buffers, err = parseList(*bufs, strconv.Atoi); err != nil {
+		return o, fmt.Errorf("-overload-buffers: %w", err)
+	}
+	o.ov.reps, o.ov.t = o.reps, timing{warmup: "500ms", duration: min(d, 2*time.Second).String(), drain: "500ms"}
 	if o.rateFwds, err = parseForwarders(*rfw); err != nil {
 		return o, err
 	}
@@ -237,6 +252,11 @@ func cmd(ctx context.Context, args []string, log io.Writer) error {
 		}
 		defer p.Stop()
 		echo[pp] = p.addr
+	}
+
+	if o.ov.on {
+		o.ov.loadBefore = loadavg()
+		return e.overload(ctx, o, echo, log)
 	}
 
 	type job struct {
