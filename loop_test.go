@@ -173,7 +173,7 @@ func TestCustomLoopMatchesPipeline(t *testing.T) {
 	// The outcomes, not how the datagrams were batched.
 	outcomes := func() cidroute.Counters {
 		c := p.Stats()[0].Reverse
-		c.BatchSizes, c.KernelDrops = [cidroute.NumBatchBuckets]uint64{}, 0
+		c.BatchSizes, c.KernelDrops, c.Queued, c.QueueLimit = [cidroute.NumBatchBuckets]uint64{}, 0, 0, 0
 		return c
 	}
 	require.Eventually(t, func() bool { return loop.reverseDrops() == want && outcomes() == want },

@@ -132,11 +132,20 @@ func TestOverloadRepliesRelayed(t *testing.T) {
 					got = append(got, replyCounter(t, c))
 					msgs = append(msgs, dtlsCIDRecord(ordinalCID(t, codec, uint8(i%2)), 1, make([]byte, 64)))
 				}
+				var during ServiceStats
 				sent := openLoop(overloadRate, overloadFor, func(i int) {
 					k := i % len(clients)
 					clients[k].WriteToUDPAddrPort(msgs[k], tp.addr())
+					if i == overloadRate/2 {
+						during = tp.stats()
+					}
 				})
 				s := tp.quiet(t)
+				// The full client queue shows in its gauge, and is gone
+				// once the worker caught up.
+				assert.Greater(t, during.Forward.Queued, during.Forward.QueueLimit/2, "queue in the middle of the run")
+				assert.LessOrEqual(t, during.Forward.Queued, during.Forward.QueueLimit+4096)
+				assert.Zero(t, s.Forward.Queued)
 				echoed := es[0].Echoed() + es[1].Echoed()
 				var received int64
 				for _, n := range got {

@@ -707,7 +707,7 @@ func (p *Pipeline) SetLimits(service string, l Limits) error {
 }
 
 // Stats returns every service's counters, summed over its workers. The
-// kernel's drops take one getsockopt per socket.
+// kernel's drops and queues take one getsockopt per socket.
 func (p *Pipeline) Stats() []ServiceStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -721,8 +721,8 @@ func (p *Pipeline) Stats() []ServiceStats {
 			w.fwd.load(&out[i].Forward)
 			w.rp.rev.load(&out[i].Reverse)
 			out[i].Sessions += w.up.sessions()
-			out[i].Forward.KernelDrops += kernelDrops(w.in)
-			out[i].Reverse.KernelDrops += w.up.kernelDrops()
+			addQueue(&out[i].Forward, w.in)
+			w.up.queue(&out[i].Reverse)
 		}
 	}
 	return out

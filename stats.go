@@ -23,6 +23,14 @@ type Counters struct {
 	// kernel counts in 32 bits per socket, so the sum wraps there, which
 	// a Prometheus rate() reads as a counter reset.
 	KernelDrops uint64
+	// Queued and QueueLimit are gauges of the same sockets' receive
+	// queues when read: the bytes waiting now, with the kernel's
+	// bookkeeping (about 1 KiB a small datagram), and what the queues may
+	// hold (their receive buffers, as the kernel counts them: twice
+	// recv_buffer). A queue near its limit is a worker past its capacity:
+	// the kernel drops, and a datagram waits about Queued / (bytes a
+	// second the worker reads).
+	Queued, QueueLimit uint64
 	// BatchSizes counts the receive calls that returned datagrams by how
 	// many: BatchSizes[i] those of 2^(i-1) to 2^i−1 datagrams ([0] is
 	// unused). Received / Batches() is the mean batch: near 1, workers
@@ -84,6 +92,8 @@ func (c *Counters) add(o *Counters) {
 		c.Dropped[i] += n
 	}
 	c.KernelDrops += o.KernelDrops
+	c.Queued += o.Queued
+	c.QueueLimit += o.QueueLimit
 	for i, n := range o.BatchSizes {
 		c.BatchSizes[i] += n
 	}

@@ -72,7 +72,7 @@ func (u *sharedUpstream) relayBatch() (n int, rerr, err error) {
 func (u *sharedUpstream) replyConn() *udpio.Conn { return u.io }
 func (u *sharedUpstream) wake()                  { u.conn.SetReadDeadline(time.Unix(1, 0)) }
 func (u *sharedUpstream) close()                 { u.io.Close() }
-func (u *sharedUpstream) kernelDrops() uint64    { return kernelDrops(u.io) }
+func (u *sharedUpstream) queue(c *Counters)      { addQueue(c, u.io) }
 
 func (u *sharedUpstream) addrs() []netip.AddrPort {
 	return []netip.AddrPort{u.conn.LocalAddr().(*net.UDPAddr).AddrPort()}

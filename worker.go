@@ -81,9 +81,9 @@ type upstream interface {
 	addrs() []netip.AddrPort
 	// sessions returns the number of transparent sessions.
 	sessions() int
-	// kernelDrops is what the kernel dropped on the sockets that
-	// receive replies (none counted for transparent sessions).
-	kernelDrops() uint64
+	// queue adds the kernel's drops and queue of the sockets that
+	// receive replies to c (none for transparent sessions).
+	queue(c *Counters)
 }
 
 // newWorker builds the worker of socket in, with the upstream up.
@@ -309,11 +309,16 @@ func (w *worker) stopReading() {
 	w.conn.SetReadDeadline(time.Unix(1, 0))
 }
 
-// kernelDrops reads the kernel's drop count of socket c (0 where the
-// platform does not report it).
-func kernelDrops(c syscall.Conn) uint64 {
-	n, _ := udpio.KernelDrops(c)
-	return uint64(n)
+// addQueue adds the kernel's drop count and queue gauges of socket c to
+// cnt (nothing where the platform does not report them).
+func addQueue(cnt *Counters, c syscall.Conn) {
+	m, err := udpio.ReadMemInfo(c)
+	if err != nil {
+		return
+	}
+	cnt.KernelDrops += uint64(m.Drops)
+	cnt.Queued += uint64(m.Queued)
+	cnt.QueueLimit += uint64(m.Limit)
 }
 
 // heldThreads is the number of OS threads the worker's loops hold

@@ -99,6 +99,12 @@ var (
 	descKernelDrops = prometheus.NewDesc("cidroute_kernel_drops_total",
 		"Datagrams the kernel dropped on the pipeline's receiving sockets because their receive buffers were full (forward: the service sockets; reverse: the upstream sockets), before the pipeline read them: the kernel accepted cidroute_datagrams_received_total + this. Raise recv_buffer when it grows.",
 		[]string{"service", "direction"}, nil)
+	descQueued = prometheus.NewDesc("cidroute_socket_queue_bytes",
+		"Bytes waiting now in the receive queues of the pipeline's receiving sockets (forward: the service sockets; reverse: the upstream sockets), the kernel's bookkeeping included (about 1 KiB a small datagram): divided by what the workers read a second, how long a datagram waits. Near cidroute_socket_queue_limit_bytes the workers are past their capacity and the kernel drops.",
+		[]string{"service", "direction"}, nil)
+	descQueueLimit = prometheus.NewDesc("cidroute_socket_queue_limit_bytes",
+		"What the same receive queues may hold: their receive buffers as the kernel counts them (twice recv_buffer, summed over the workers' sockets).",
+		[]string{"service", "direction"}, nil)
 	descBatch = prometheus.NewDesc("cidroute_batch_size",
 		"Datagrams per receive call (recvmmsg), by service and direction: the mean (sum / count) near 1 means workers wake for every datagram (light load), near the batch size (64 by default) that they are saturated.",
 		[]string{"service", "direction"}, nil)
@@ -111,7 +117,7 @@ var (
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descSessions, descSessionsMax,
 		descBackends, descAge, descStale, descRejected, descVersion, descProbes, descProbeUp, descProbeRTT,
-		descKernelDrops, descBatch} {
+		descKernelDrops, descQueued, descQueueLimit, descBatch} {
 		ch <- d
 	}
 }
@@ -170,6 +176,10 @@ func sockets(ch chan<- prometheus.Metric, s cidroute.ServiceStats) {
 		c    *cidroute.Counters
 	}{{"forward", &s.Forward}, {"reverse", &s.Reverse}} {
 		ch <- counter(descKernelDrops, float64(d.c.KernelDrops), s.Name, d.name)
+		if d.c.QueueLimit > 0 { // reported by this platform's sockets
+			ch <- gauge(descQueued, float64(d.c.Queued), s.Name, d.name)
+			ch <- gauge(descQueueLimit, float64(d.c.QueueLimit), s.Name, d.name)
+		}
 		// BatchSizes[i] holds batches of 2^(i-1) to 2^i-1 datagrams: the
 		// cumulative bucket "le 2^i-1" is the sum up to i.
 		buckets := make(map[float64]uint64, cidroute.NumBatchBuckets-1)

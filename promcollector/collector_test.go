@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -79,6 +81,15 @@ func TestCollect(t *testing.T) {
 	} {
 		if !strings.Contains(gather(t, reg), tc.labels) {
 			t.Errorf("%s: no %s", tc.name, tc.labels)
+		}
+	}
+	if runtime.GOOS == "linux" { // SO_MEMINFO
+		got := gather(t, reg)
+		if !strings.Contains(got, `cidroute_socket_queue_bytes{direction="forward",service="coaps"} 0`) {
+			t.Errorf("no empty forward queue in\n%s", got)
+		}
+		if !regexp.MustCompile(`cidroute_socket_queue_limit_bytes\{direction="reverse",service="coaps"\} [1-9]`).MatchString(got) {
+			t.Errorf("no reverse queue limit in\n%s", got)
 		}
 	}
 	problems, err := testutil.GatherAndLint(reg)

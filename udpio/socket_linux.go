@@ -162,16 +162,24 @@ func BufferSizes(c syscall.Conn) (recv, send int, err error) {
 }
 
 // KernelDrops returns the number of datagrams the kernel dropped on c (a
-// *net.UDPConn, or a Conn) since it was opened because its receive buffer
+// socket of this package or a *net.UDPConn) because its receive buffer
 // was full (the socket's sk_drops, which SO_RXQ_OVFL would report with
 // every datagram): one getsockopt(SO_MEMINFO) when asked, nothing on the
 // receive path. The kernel keeps the count in 32 bits, so it wraps at
 // 2³². Where the count cannot be read (an emulator that does not pass
 // SO_MEMINFO through) the error wraps ErrNotSupported.
 func KernelDrops(c syscall.Conn) (uint32, error) {
+	m, err := ReadMemInfo(c)
+	return m.Drops, err
+}
+
+// ReadMemInfo returns the state of c's receive queue, with one
+// getsockopt(SO_MEMINFO). Where it cannot be read (an emulator that does
+// not pass SO_MEMINFO through) the error wraps ErrNotSupported.
+func ReadMemInfo(c syscall.Conn) (MemInfo, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return 0, fmt.Errorf("udpio: %w", err)
+		return MemInfo{}, fmt.Errorf("udpio: %w", err)
 	}
 	var info [unix.SK_MEMINFO_VARS]uint32
 	var serr error
@@ -184,14 +192,15 @@ func KernelDrops(c syscall.Conn) (uint32, error) {
 		}
 	})
 	if err = errors.Join(err, serr); err != nil {
-		return 0, fmt.Errorf("udpio: kernel drops: %w", err)
+		return MemInfo{}, fmt.Errorf("udpio: SO_MEMINFO: %w", err)
 	}
 	// An emulator (qemu-user) may answer with less than the kernel's
 	// array, as if the option were an int: no count, not a count of 0.
 	if l < (unix.SK_MEMINFO_DROPS+1)*4 {
-		return 0, fmt.Errorf("udpio: kernel drops: SO_MEMINFO answered %d bytes: %w", l, ErrNotSupported)
+		return MemInfo{}, fmt.Errorf("udpio: SO_MEMINFO answered %d bytes: %w", l, ErrNotSupported)
 	}
-	return info[unix.SK_MEMINFO_DROPS], nil
+	return MemInfo{Queued: info[unix.SK_MEMINFO_RMEM_ALLOC], Limit: info[unix.SK_MEMINFO_RCVBUF],
+		Drops: info[unix.SK_MEMINFO_DROPS]}, nil
 }
 
 // AttachSteering installs a classic BPF program (SO_ATTACH_REUSEPORT_CBPF)

@@ -60,6 +60,12 @@ func KernelDrops(c syscall.Conn) (uint32, error) {
 	return 0, fmt.Errorf("kernel drops: %w", ErrNotSupported)
 }
 
+// ReadMemInfo is not supported on this platform; it returns an error
+// wrapping ErrNotSupported.
+func ReadMemInfo(c syscall.Conn) (MemInfo, error) {
+	return MemInfo{}, fmt.Errorf("SO_MEMINFO: %w", ErrNotSupported)
+}
+
 // Configure applies cfg's buffer sizes to a bound socket; PacketInfo
 // returns an error wrapping ErrNotSupported on this platform.
 func Configure(c *net.UDPConn, cfg ListenConfig) error {

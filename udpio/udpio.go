@@ -194,3 +194,17 @@ func (s Steering) steerRef(b []byte) (ordinal uint8, ok bool) {
 	}
 	return 0, false
 }
+
+// MemInfo is a socket's receive queue as the kernel counts it
+// (SO_MEMINFO, ReadMemInfo).
+type MemInfo struct {
+	// Queued is the memory the datagrams waiting in the queue take, their
+	// bookkeeping included (sk_rmem_alloc; a small datagram on loopback
+	// takes about 1 KiB), and Limit what the kernel lets the queue take
+	// (sk_rcvbuf: twice the SO_RCVBUF asked for). A datagram that would
+	// take Queued past Limit is dropped.
+	Queued, Limit uint32
+	// Drops is the number of datagrams dropped so far (sk_drops, 32 bits,
+	// wrapping).
+	Drops uint32
+}

@@ -65,6 +65,7 @@ type env struct {
 	tmp      string
 	fwdCPU   string // taskset CPU list for the forwarder; "" = no pinning
 	genCPU   string // for loadgen and the echo backends
+	recvBuf  int    // cidproxy's recv_buffer; 0 = its default
 	log      io.Writer
 }
 
@@ -191,7 +192,7 @@ func freeTCP() (int, error) {
 }
 
 func (e *env) startCidproxy(backend netip.AddrPort, workers int, wait string) (*process, error) {
-	return e.startCidproxyBuf(backend, workers, wait, 0)
+	return e.startCidproxyBuf(backend, workers, wait, e.recvBuf)
 }
 
 // startCidproxyBuf starts cidproxy with recv_buffer recvBuf (0: its

@@ -60,6 +60,7 @@ type options struct {
 	nginx, module string
 	render        string
 	ov            overloadOptions
+	recvBuf       int
 }
 
 func parseOptions(args []string, stderr io.Writer) (options, error) {
@@ -88,6 +89,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	mults := fs.String("overload-mults", "1,2,5", "-overload: offered load in multiples of cidproxy-1w's capacity")
 	fs.IntVar(&o.ov.spin, "overload-spin", 3, "-overload: busy loops sharing the forwarder's CPU, so that loadgen can offer several times what it forwards")
 	bufs := fs.String("overload-buffers", "212992,1048576,4194304", "-overload: recv_buffer sizes measured at 2× capacity")
+	fs.IntVar(&o.recvBuf, "cidproxy-recv-buffer", 0, "recv_buffer of every cidproxy forwarder in `bytes` (0 = cidproxy's default)")
 	fs.StringVar(&o.render, "render", "", "only rewrite table.md in -out from this `results.json` (after changing the report)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -224,7 +226,7 @@ func cmd(ctx context.Context, args []string, log io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	e := &env{bin: o.bin, tmp: tmp, fwdCPU: o.fwdCPU, genCPU: o.genCPU, log: log}
+	e := &env{bin: o.bin, tmp: tmp, fwdCPU: o.fwdCPU, genCPU: o.genCPU, recvBuf: o.recvBuf, log: log}
 	if p, err := exec.LookPath(o.nginx); err == nil {
 		if _, err := os.Stat(o.module); err == nil {
 			e.nginx, e.nginxMod = p, o.module
