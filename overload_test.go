@@ -34,7 +34,7 @@ const (
 // startSlowProxy starts a one-worker DTLS pipeline of batch
 // overloadBatch whose worker stalls after each batch as st says, with
 // small socket buffers so that overload shows as kernel drops at once.
-func startSlowProxy(t *testing.T, wait WaitMode, transparent bool, st stall, bs []registry.Backend) *testProxy {
+func startSlowProxy(t *testing.T, wait WaitMode, transparent bool, st stall, bs []registry.Backend, mod ...func(*Service)) *testProxy {
 	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("the kernel's drop counts, which show the overload, are read on Linux")
@@ -43,6 +43,9 @@ func startSlowProxy(t *testing.T, wait WaitMode, transparent bool, st stall, bs 
 	s := Service{Name: "svc", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
 		RecvBuffer: 64 << 10, stall: &st,
 		RouterConfig: RouterConfig{Protocol: DTLS, PublicAddr: publicAddr, Backends: reg, Transparent: transparent}}
+	for _, m := range mod {
+		m(&s)
+	}
 	p, err := New(Config{Services: []Service{s}, BatchSize: overloadBatch, Logger: quietLog, Wait: wait})
 	require.NoError(t, err)
 	runPipeline(t, p)
@@ -212,54 +215,80 @@ func TestOverloadReplyFlood(t *testing.T) {
 // their share of what it processed (measured 0.56–1.3 of the proportional
 // share on a quiet and a loaded 2-core machine: the kernel frees a full
 // socket's room in chunks, which bursts fill; asserted at 0.4), and its
-// replies are relayed.
+// replies are relayed. With EarlyDrop the socket filter takes the first
+// two kinds before they queue, so the client shares the worker with the
+// ClientHellos alone.
 func TestOverloadJunkFlood(t *testing.T) {
 	overloadModes(t, func(t *testing.T, wait WaitMode) {
-		var es []*testecho.Echo
-		var bs []registry.Backend
-		for i := range 2 {
-			e := testecho.Start(t, testecho.Config{PPv2: true})
-			es = append(es, e)
-			bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.Addr(), State: registry.Ready})
+		for _, early := range []bool{false, true} {
+			name := "sockets"
+			if early {
+				name = "early-drop"
+			}
+			t.Run(name, func(t *testing.T) {
+				if early {
+					needFilters(t)
+				}
+				junkFlood(t, wait, early)
+			})
 		}
-		tp := startSlowProxy(t, wait, false, stall{overloadStall, 0}, bs)
-		codec := tp.router().Codec()
-		junk := [3][]byte{
-			dtlsCIDRecord(ordinalCID(t, codec, 7), 1, make([]byte, 64)),
-			make([]byte, 90),
-			dtlsClientHello(1),
-		}
-		rnd := rand.New(rand.NewPCG(1, 2))
-		for i := range junk[1] {
-			junk[1][i] = byte(rnd.Uint32())
-		}
-		junk[1][0] = 0xff // never a record type
-		var junkers []*net.UDPConn
-		for range 3 {
-			c := listenLoopback(t)
-			replyCounter(t, c) // the ClientHellos' echoes
-			junkers = append(junkers, c)
-		}
-		client := listenLoopback(t)
-		got := replyCounter(t, client)
-		msg := dtlsCIDRecord(ordinalCID(t, codec, 0), 1, make([]byte, 64))
-
-		var sent int
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			sent = openLoop(overloadRate/20, overloadFor, func(int) { client.WriteToUDPAddrPort(msg, tp.addr()) })
-		}()
-		flooded := openLoop(overloadRate, overloadFor, func(i int) {
-			junkers[i%3].WriteToUDPAddrPort(junk[i%3], tp.addr())
-		})
-		<-done
-		s := tp.quiet(t)
-		processed := float64(s.Forward.Received) / float64(sent+flooded)
-		t.Logf("client sent %d, got %d; junk %d; forward: received %d (%.2f of offered), dropped %s, kernel drops %d; reverse relayed %d, kernel drops %d",
-			sent, got.Load(), flooded, s.Forward.Received, processed, s.Forward.DropSummary(), s.Forward.KernelDrops, s.Reverse.Forwarded, s.Reverse.KernelDrops)
-		require.Positive(t, s.Forward.KernelDrops, "the worker was not past its capacity")
-		assert.GreaterOrEqual(t, float64(got.Load()), 0.4*processed*float64(sent), "the client's round trips: at least 0.4 of their proportional share")
-		assert.LessOrEqual(t, s.Reverse.KernelDrops, (es[0].Echoed()+es[1].Echoed())/10, "replies dropped at the upstream socket")
 	})
+}
+
+func junkFlood(t *testing.T, wait WaitMode, early bool) {
+	var es []*testecho.Echo
+	var bs []registry.Backend
+	for i := range 2 {
+		e := testecho.Start(t, testecho.Config{PPv2: true})
+		es = append(es, e)
+		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.Addr(), State: registry.Ready})
+	}
+	tp := startSlowProxy(t, wait, false, stall{overloadStall, 0}, bs, func(s *Service) { s.EarlyDrop = early })
+	codec := tp.router().Codec()
+	junk := [3][]byte{
+		dtlsCIDRecord(ordinalCID(t, codec, 7), 1, make([]byte, 64)),
+		make([]byte, 90),
+		dtlsClientHello(1),
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for i := range junk[1] {
+		junk[1][i] = byte(rnd.Uint32())
+	}
+	junk[1][0] = 0xff // never a record type
+	var junkers []*net.UDPConn
+	for range 3 {
+		c := listenLoopback(t)
+		replyCounter(t, c) // the ClientHellos' echoes
+		junkers = append(junkers, c)
+	}
+	client := listenLoopback(t)
+	got := replyCounter(t, client)
+	msg := dtlsCIDRecord(ordinalCID(t, codec, 0), 1, make([]byte, 64))
+
+	var sent int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sent = openLoop(overloadRate/20, overloadFor, func(int) { client.WriteToUDPAddrPort(msg, tp.addr()) })
+	}()
+	flooded := openLoop(overloadRate, overloadFor, func(i int) {
+		junkers[i%3].WriteToUDPAddrPort(junk[i%3], tp.addr())
+	})
+	<-done
+	s := tp.quiet(t)
+	// What reached the socket's queue: without the filter every
+	// datagram, with it the client's and the ClientHellos.
+	reached := sent + flooded
+	if early {
+		reached = sent + flooded/3
+	}
+	processed := float64(s.Forward.Received) / float64(reached)
+	t.Logf("client sent %d, got %d (%.2f); junk %d; forward: received %d (%.2f of what reached the socket), dropped %s, kernel drops %d; reverse relayed %d, kernel drops %d",
+		sent, got.Load(), float64(got.Load())/float64(sent), flooded, s.Forward.Received, processed, s.Forward.DropSummary(), s.Forward.KernelDrops, s.Reverse.Forwarded, s.Reverse.KernelDrops)
+	require.Positive(t, s.Forward.KernelDrops, "the worker was not past its capacity")
+	assert.GreaterOrEqual(t, float64(got.Load()), 0.4*processed*float64(sent), "the client's round trips: at least 0.4 of their proportional share")
+	assert.LessOrEqual(t, s.Reverse.KernelDrops, (es[0].Echoed()+es[1].Echoed())/10, "replies dropped at the upstream socket")
+	if early {
+		assert.Zero(t, s.Forward.Dropped[Malformed]+s.Forward.Dropped[UnknownOrdinal], "the filter drops these before they queue")
+	}
 }

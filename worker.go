@@ -39,7 +39,8 @@ type worker struct {
 	poll  *udpio.Poller
 	yield yielder // the thread loop's (yieldEvery)
 
-	stall *stall // tests only
+	early *earlyDrop // Service.EarlyDrop's filter, or nil
+	stall *stall     // tests only
 }
 
 // A stall makes a worker slower than its senders on any machine, for the
@@ -212,6 +213,9 @@ func (w *worker) forwardBatch(c *Counters) (n int, rerr, err error) {
 		Own: w.own.Load(), Admission: w.adm.Load()}
 	if v.Admission != nil {
 		v.Now = time.Now().UnixNano() // once per batch, and only with limits
+	}
+	if w.early.stale(v.Snapshot) {
+		w.early.sync() // a failure removes the filter; the watcher logs it
 	}
 	c.batch(n)
 	seenLen := 0 // the length of a CID dropped as CIDLength

@@ -203,6 +203,7 @@ func (r *Registries) build(seed uint64, sc Service, o Options, log *slog.Logger)
 		Workers:      sc.Workers,
 		RecvBuffer:   sc.RecvBuffer,
 		SendBuffer:   sc.SendBuffer,
+		EarlyDrop:    sc.EarlyDrop,
 		MaxSessions:  sc.MaxSessions,
 		SessionIdle:  sc.SessionIdle,
 		JoinExisting: o.Join,

@@ -50,6 +50,7 @@ type fileService struct {
 	Workers        int              `json:"workers"`
 	RecvBuffer     *int             `json:"recv_buffer"` // absent: DefaultRecvBuffer
 	SendBuffer     int              `json:"send_buffer"`
+	EarlyDrop      bool             `json:"early_drop"`
 	MaxRegistryAge string           `json:"max_registry_age"`
 	Backends       json.RawMessage  `json:"backends"` // registry.DecodeBackends format
 	BackendsFile   string           `json:"backends_file"`
@@ -107,7 +108,10 @@ type Service struct {
 	// service sockets' SO_RCVBUF and SO_SNDBUF in bytes; 0 keeps the
 	// kernel's default. An absent recv_buffer is DefaultRecvBuffer.
 	RecvBuffer, SendBuffer int
-	MaxAge                 time.Duration // max_registry_age; 0 = never stale
+	// EarlyDrop (early_drop): cidroute.Service.EarlyDrop, DTLS with the
+	// ordinal-first codec only.
+	EarlyDrop bool
+	MaxAge    time.Duration // max_registry_age; 0 = never stale
 	// At most one of Backends (a static list, validated), BackendsFile
 	// (an absolute path, or relative to the working directory) and
 	// Kubernetes (the Service whose EndpointSlices are the backends,
@@ -319,6 +323,10 @@ func parseService(raw json.RawMessage) (Service, error) {
 		return fail("recv_buffer %d, send_buffer %d: want 0 (the kernel's default) to %d bytes", recv, fs.SendBuffer, maxSocketBuffer)
 	}
 	s.RecvBuffer, s.SendBuffer = recv, fs.SendBuffer
+	if fs.EarlyDrop && (s.Protocol != cidroute.DTLS || s.CIDEncryption != nil) {
+		return fail("early_drop: DTLS services with the ordinal-first codec only (the socket filter reads the ordinal in the clear)")
+	}
+	s.EarlyDrop = fs.EarlyDrop
 	if s.MaxAge, err = parseDuration("max_registry_age", fs.MaxRegistryAge, minRegistryAge, true); err != nil {
 		return s, err
 	}

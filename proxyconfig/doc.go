@@ -32,6 +32,7 @@
 //	    "max_sessions": 0, "session_idle": "2m", // transparent mode only
 //	    "workers": 2, "max_registry_age": "30s",
 //	    "recv_buffer": 4194304, "send_buffer": 0, // bytes; 0 = the kernel's default; recv_buffer absent = 4 MiB
+//	    "early_drop": false,              // DTLS: a socket filter drops what can never route
 //	    "backends": [{"ordinal": 0, "address": "10.0.0.10:5684"}],
 //	    "unroutable": "drop",             // QUIC only: drop or hash
 //	    "limits": {"global_pps": 0, "per_source_pps": 200, "handshake_pps": 2000, "zero_rtt_pps": 0},

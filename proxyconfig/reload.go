@@ -145,6 +145,7 @@ func socketKeys(a, b Service) []string {
 	add(a.Workers != b.Workers, "workers")
 	add(a.RecvBuffer != b.RecvBuffer, "recv_buffer")
 	add(a.SendBuffer != b.SendBuffer, "send_buffer")
+	add(a.EarlyDrop != b.EarlyDrop, "early_drop")
 	add(a.MaxAge != b.MaxAge, "max_registry_age")
 	add(a.Unroutable != b.Unroutable, "unroutable")
 	return keys

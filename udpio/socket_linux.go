@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -218,6 +219,39 @@ func AttachSteering(group []*net.UDPConn, s Steering) error {
 	if err != nil {
 		return err
 	}
+	return setFilter(group[0], unix.SO_ATTACH_REUSEPORT_CBPF, "SO_ATTACH_REUSEPORT_CBPF", ins)
+}
+
+// AttachFilter installs f (SO_ATTACH_FILTER) on socket c (a socket of
+// this package or a *net.UDPConn), replacing the filter it had, if any,
+// at once: no datagram meets neither. f == nil removes the filter
+// (SO_DETACH_FILTER; none attached is not an error).
+func AttachFilter(c syscall.Conn, f *Filter) error {
+	if f == nil {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			return fmt.Errorf("udpio: %w", err)
+		}
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DETACH_FILTER, 0)
+		}); err != nil {
+			return fmt.Errorf("udpio: %w", err)
+		}
+		if serr != nil && serr != unix.ENOENT {
+			return fmt.Errorf("udpio: SO_DETACH_FILTER: %w", serr)
+		}
+		return nil
+	}
+	ins, err := f.program()
+	if err != nil {
+		return err
+	}
+	return setFilter(c, unix.SO_ATTACH_FILTER, "SO_ATTACH_FILTER", ins)
+}
+
+// setFilter assembles ins and sets it on c as option opt (named name).
+func setFilter(c syscall.Conn, opt int, name string, ins []bpf.Instruction) error {
 	raw, err := assemble(ins)
 	if err != nil {
 		return err
@@ -227,18 +261,18 @@ func AttachSteering(group []*net.UDPConn, s Steering) error {
 		filter[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
 	}
 	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
-	rc, err := group[0].SyscallConn()
+	rc, err := c.SyscallConn()
 	if err != nil {
 		return fmt.Errorf("udpio: %w", err)
 	}
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
-		serr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_CBPF, &prog)
+		serr = unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, opt, &prog)
 	}); err != nil {
 		return fmt.Errorf("udpio: %w", err)
 	}
 	if serr != nil {
-		return fmt.Errorf("udpio: SO_ATTACH_REUSEPORT_CBPF: %w", serr)
+		return fmt.Errorf("udpio: %s: %w", name, serr)
 	}
 	return nil
 }

@@ -87,3 +87,12 @@ func Configure(c *net.UDPConn, cfg ListenConfig) error {
 	}
 	return nil
 }
+
+// AttachFilter is not supported on this platform; it returns an error
+// wrapping ErrNotSupported (f == nil, removing a filter, is a no-op).
+func AttachFilter(c syscall.Conn, f *Filter) error {
+	if f == nil {
+		return nil
+	}
+	return fmt.Errorf("socket filter: %w", ErrNotSupported)
+}

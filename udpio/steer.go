@@ -62,6 +62,7 @@ type labelled struct {
 type pendingJump struct {
 	at          int
 	ifTrue, ifF string // "" = next instruction
+	always      bool   // bpf.Jump to ifTrue
 }
 
 func (p *labelled) emit(ins ...bpf.Instruction) { p.ins = append(p.ins, ins...) }
@@ -78,6 +79,12 @@ func (p *labelled) jump(cond bpf.JumpTest, val uint32, ifTrue, ifFalse string) {
 	p.ins = append(p.ins, bpf.JumpIf{Cond: cond, Val: val})
 }
 
+// jumpAlways emits an unconditional jump to label.
+func (p *labelled) jumpAlways(label string) {
+	p.jumps = append(p.jumps, pendingJump{at: len(p.ins), ifTrue: label, always: true})
+	p.ins = append(p.ins, bpf.Jump{})
+}
+
 func (p *labelled) resolve() ([]bpf.Instruction, error) {
 	for _, j := range p.jumps {
 		skip := func(label string) (uint8, error) {
@@ -90,6 +97,14 @@ func (p *labelled) resolve() ([]bpf.Instruction, error) {
 				return 0, fmt.Errorf("udpio: bpf jump to %q from %d unresolvable", label, j.at)
 			}
 			return uint8(d), nil
+		}
+		if j.always {
+			d, err := skip(j.ifTrue)
+			if err != nil {
+				return nil, err
+			}
+			p.ins[j.at] = bpf.Jump{Skip: uint32(d)}
+			continue
 		}
 		ji := p.ins[j.at].(bpf.JumpIf)
 		var err error

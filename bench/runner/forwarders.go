@@ -35,6 +35,11 @@ var forwarders = []forwarder{
 	{Name: "cidproxy-2w", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 2, "thread") }},
 	// The netpoller wait, for the cost of waking up (issue 20).
 	{Name: "cidproxy-1w-np", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) { return e.startCidproxy(b, 1, "netpoller") }},
+	// The socket filter that drops what can never route (-overload's junk
+	// floods).
+	{Name: "cidproxy-1w-ed", PPv2: true, Allocs: true, start: func(e *env, b netip.AddrPort) (*process, error) {
+		return e.startCidproxyWith(b, 1, "thread", map[string]any{"early_drop": true})
+	}},
 	{Name: "raw", PPv2: true, start: func(e *env, b netip.AddrPort) (*process, error) {
 		return e.startListener("rawfwd", "-listen", "127.0.0.1:0", "-backend", b.String())
 	}},
@@ -192,12 +197,12 @@ func freeTCP() (int, error) {
 }
 
 func (e *env) startCidproxy(backend netip.AddrPort, workers int, wait string) (*process, error) {
-	return e.startCidproxyBuf(backend, workers, wait, e.recvBuf)
+	return e.startCidproxyWith(backend, workers, wait, nil)
 }
 
-// startCidproxyBuf starts cidproxy with recv_buffer recvBuf (0: its
-// default).
-func (e *env) startCidproxyBuf(backend netip.AddrPort, workers int, wait string, recvBuf int) (*process, error) {
+// startCidproxyWith starts cidproxy with more keys for its service
+// (recv_buffer from -cidproxy-recv-buffer unless keys has one).
+func (e *env) startCidproxyWith(backend netip.AddrPort, workers int, wait string, keys map[string]any) (*process, error) {
 	port, err := freeUDP()
 	if err != nil {
 		return nil, err
@@ -219,8 +224,12 @@ func (e *env) startCidproxyBuf(backend netip.AddrPort, workers int, wait string,
 			"workers": workers, "backends": []be{{0, backend.String()}},
 		}},
 	}
-	if recvBuf > 0 {
-		cfg["services"].([]map[string]any)[0]["recv_buffer"] = recvBuf
+	svc := cfg["services"].([]map[string]any)[0]
+	if e.recvBuf > 0 {
+		svc["recv_buffer"] = e.recvBuf
+	}
+	for k, v := range keys {
+		svc[k] = v
 	}
 	b, _ := json.Marshal(cfg)
 	path := filepath.Join(e.tmp, fmt.Sprintf("cidproxy-%d.json", port))

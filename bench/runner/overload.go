@@ -36,8 +36,9 @@ import (
 //     queueing delay each one allows;
 //   - junk: a legitimate load at a tenth of the capacity beside a flood
 //     of junk sent flat out (random bytes, CID records of an ordinal no
-//     backend has, ClientHellos), and the same with two workers, where a
-//     flood from one socket lands on one worker.
+//     backend has, ClientHellos), the same with the early drop's socket
+//     filter, and with two workers, where a flood from one socket lands
+//     on one worker.
 
 // overloadOptions are the -overload flags.
 type overloadOptions struct {
@@ -125,7 +126,7 @@ func (e *env) overload(ctx context.Context, o options, echo map[bool]netip.AddrP
 			add(r, err)
 		}
 		for _, junk := range []string{"-mix random", "-ordinals 200", "-mix dtls-hello"} {
-			for _, name := range []string{"cidproxy-1w", "cidproxy-1w-np", "cidproxy-2w"} {
+			for _, name := range []string{"cidproxy-1w", "cidproxy-1w-ed", "cidproxy-1w-np", "cidproxy-2w"} {
 				r, err := e.overloadPoint(ctx, name, 0, echo, o.ov.t, base/10, true, junk)
 				r.Kind, r.Rep, r.Junk = "junk", rep, junk
 				add(r, err)
@@ -181,7 +182,7 @@ func (e *env) overloadPoint(ctx context.Context, name string, buf int, echo map[
 	var p *process
 	var err error
 	if buf > 0 {
-		p, err = e.startCidproxyBuf(echo[true], 1, "thread", buf)
+		p, err = e.startCidproxyWith(echo[true], 1, "thread", map[string]any{"recv_buffer": buf})
 	} else {
 		p, err = f.start(e, echo[f.PPv2])
 	}
