@@ -602,14 +602,13 @@ func (p *Pipeline) watchEarlyDrop(stop <-chan struct{}) {
 			}
 		}
 		p.mu.Unlock()
-		if err := errors.Join(errs...); err != nil && err.Error() != last {
-			p.log.Error("early drop: the socket filter could not follow the registry and was removed", "err", err)
-		}
+		msg := ""
 		if err := errors.Join(errs...); err != nil {
-			last = err.Error()
-		} else {
-			last = ""
+			if msg = err.Error(); msg != last {
+				p.log.Error("early drop: the socket filter could not follow the registry and was removed", "err", err)
+			}
 		}
+		last = msg
 	}
 }
 
