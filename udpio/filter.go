@@ -36,15 +36,7 @@ type Filter struct {
 }
 
 func (f *Filter) validate() error {
-	switch {
-	case f.CIDLen < 1 || f.CIDLen > 255:
-		return fmt.Errorf("filter: CID length %d: %w", f.CIDLen, ErrConfig)
-	case f.OrdinalOffset < 0:
-		return fmt.Errorf("filter: ordinal offset %d: %w: %w", f.OrdinalOffset, ErrNoOrdinalByte, ErrConfig)
-	case f.OrdinalOffset >= f.CIDLen:
-		return fmt.Errorf("filter: ordinal offset %d outside CID of %d bytes: %w", f.OrdinalOffset, f.CIDLen, ErrConfig)
-	}
-	return nil
+	return checkOrdinalByte("filter", f.CIDLen, 255, f.OrdinalOffset)
 }
 
 // A socket filter returns how many bytes of the datagram to keep: 0 drops

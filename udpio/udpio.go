@@ -145,15 +145,26 @@ type Steering struct {
 }
 
 func (s Steering) validate() error {
-	switch {
-	case !s.DTLS && !s.QUIC:
+	if !s.DTLS && !s.QUIC {
 		return fmt.Errorf("steering: neither DTLS nor QUIC enabled: %w", ErrConfig)
-	case s.CIDLen < 1 || s.CIDLen > 255 || (s.QUIC && s.CIDLen > 20):
-		return fmt.Errorf("steering: CID length %d: %w", s.CIDLen, ErrConfig)
-	case s.OrdinalOffset < 0:
-		return fmt.Errorf("steering: ordinal offset %d: %w: %w", s.OrdinalOffset, ErrNoOrdinalByte, ErrConfig)
-	case s.OrdinalOffset >= s.CIDLen:
-		return fmt.Errorf("steering: ordinal offset %d outside CID of %d bytes: %w", s.OrdinalOffset, s.CIDLen, ErrConfig)
+	}
+	maxLen := 255
+	if s.QUIC {
+		maxLen = 20
+	}
+	return checkOrdinalByte("steering", s.CIDLen, maxLen, s.OrdinalOffset)
+}
+
+// checkOrdinalByte checks the CID length (1–maxLen) and the ordinal's
+// offset in it that a kernel program (what, for errors) reads.
+func checkOrdinalByte(what string, cidLen, maxLen, off int) error {
+	switch {
+	case cidLen < 1 || cidLen > maxLen:
+		return fmt.Errorf("%s: CID length %d: %w", what, cidLen, ErrConfig)
+	case off < 0:
+		return fmt.Errorf("%s: ordinal offset %d: %w: %w", what, off, ErrNoOrdinalByte, ErrConfig)
+	case off >= cidLen:
+		return fmt.Errorf("%s: ordinal offset %d outside CID of %d bytes: %w", what, off, cidLen, ErrConfig)
 	}
 	return nil
 }
