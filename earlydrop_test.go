@@ -1,8 +1,6 @@
 package cidroute
 
 import (
-	"errors"
-	"net"
 	"runtime"
 	"testing"
 	"time"
@@ -20,17 +18,9 @@ import (
 // or an emulator that does not pass SO_ATTACH_FILTER through).
 func needFilters(t *testing.T) {
 	t.Helper()
-	if runtime.GOOS != "linux" {
-		t.Skip("socket filters are Linux's")
-	}
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	defer c.Close()
-	if err := udpio.AttachFilter(c, &udpio.Filter{CIDLen: 8}); err != nil {
+	needKernelDrops(t)
+	if err := udpio.AttachFilter(listenLoopback(t), &udpio.Filter{CIDLen: 8}); err != nil {
 		t.Skipf("socket filters cannot be attached here: %v", err)
-	}
-	if _, err := udpio.KernelDrops(c); errors.Is(err, udpio.ErrNotSupported) {
-		t.Skipf("the kernel's drop count cannot be read here: %v", err)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/cidroute/cidroute/internal/testecho"
 	"github.com/cidroute/cidroute/ppv2"
 	"github.com/cidroute/cidroute/registry"
+	"github.com/cidroute/cidroute/udpio"
 )
 
 // The overload tests run one worker past its capacity with open-loop
@@ -36,9 +37,7 @@ const (
 // small socket buffers so that overload shows as kernel drops at once.
 func startSlowProxy(t *testing.T, wait WaitMode, transparent bool, st stall, bs []registry.Backend, mod ...func(*Service)) *testProxy {
 	t.Helper()
-	if runtime.GOOS != "linux" {
-		t.Skip("the kernel's drop counts, which show the overload, are read on Linux")
-	}
+	needKernelDrops(t)
 	reg := newRegistry(t, 42, bs...)
 	s := Service{Name: "svc", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: 1,
 		RecvBuffer: 64 << 10, stall: &st,
@@ -50,6 +49,20 @@ func startSlowProxy(t *testing.T, wait WaitMode, transparent bool, st stall, bs 
 	require.NoError(t, err)
 	runPipeline(t, p)
 	return &testProxy{reg: reg, p: p}
+}
+
+// needKernelDrops skips where the kernel's drop counts, which show the
+// overload, cannot be read: off Linux, or under an emulator (qemu-user)
+// that does not pass SO_MEMINFO through.
+func needKernelDrops(t *testing.T) {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("the kernel's drop counts are read on Linux")
+	}
+	c := listenLoopback(t)
+	if _, err := udpio.KernelDrops(c); err != nil {
+		t.Skipf("the kernel's drop count cannot be read here: %v", err)
+	}
 }
 
 // openLoop calls send(i) for i = 0, 1, … at rate per second, evenly
