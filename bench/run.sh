@@ -4,7 +4,7 @@
 #
 #   bash bench/run.sh           # full run (≈ 10 min): bench/out/, then copied to bench/results/
 #   bash bench/run.sh -quick    # validation run (≈ 1.5 min): bench/out/ only
-#   bash bench/run.sh -overload # past capacity only (≈ 5 min): bench/out/overload.md, then bench/results/
+#   bash bench/run.sh -overload # past capacity only (≈ 7 min): bench/out/overload.md, then bench/results/
 #
 # A full run ends with 3 s CPU profiles of cidproxy (flat out and at
 # 50k/s), whose tops go beside the table; -profile 0 skips them.
