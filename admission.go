@@ -3,6 +3,7 @@ package cidroute
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 
 	"github.com/cespare/xxhash/v2"
@@ -45,6 +46,11 @@ type Admission struct {
 	global, handshake, zeroRTT gcra
 	perSource                  gcra // rate of each source's bucket
 	sources                    []sourceSlot
+	// seed keys the sources' slots: without it anyone could compute
+	// offline which sources share a victim's slot, and reset its bucket
+	// by sending from one of them (a source that takes a slot starts
+	// full).
+	seed uint64
 }
 
 type sourceSlot struct {
@@ -67,6 +73,7 @@ func NewAdmission(l Limits, share int) *Admission {
 	}
 	if l.PerSourcePPS > 0 {
 		a.sources = make([]sourceSlot, sourceSlots)
+		a.seed = rand.Uint64() // the runtime seeds it unpredictably
 	}
 	return a
 }
@@ -110,11 +117,12 @@ func (a *Admission) Admit(c Class, client netip.AddrPort, now int64) bool {
 }
 
 func (a *Admission) slot(client netip.AddrPort) *sourceSlot {
-	var k [24]byte
+	var k [32]byte
 	hi, lo := addr.Words(client.Addr())
 	binary.LittleEndian.PutUint64(k[0:], hi)
 	binary.LittleEndian.PutUint64(k[8:], lo)
 	binary.LittleEndian.PutUint64(k[16:], uint64(client.Port()))
+	binary.LittleEndian.PutUint64(k[24:], a.seed)
 	return &a.sources[xxhash.Sum64(k[:])&(sourceSlots-1)]
 }
 

@@ -74,6 +74,29 @@ func TestAdmissionSourceTableBounded(t *testing.T) {
 	assert.Len(t, a.sources, sourceSlots, "memory does not grow with sources")
 }
 
+// TestAdmissionSourceSlotsSeeded: which sources share a slot differs
+// from one Admission to the next, so that nobody can compute offline the
+// sources that reset a victim's bucket.
+func TestAdmissionSourceSlotsSeeded(t *testing.T) {
+	a := NewAdmission(Limits{PerSourcePPS: 1}, 1)
+	victim := netip.MustParseAddrPort("192.0.2.1:5684")
+	var twins []netip.AddrPort // sources in the victim's slot of a
+	for i := 0; len(twins) < 8; i++ {
+		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 1)
+		if a.slot(c) == a.slot(victim) {
+			twins = append(twins, c)
+		}
+	}
+	b := NewAdmission(Limits{PerSourcePPS: 1}, 1)
+	shared := 0
+	for _, c := range twins {
+		if b.slot(c) == b.slot(victim) {
+			shared++
+		}
+	}
+	assert.Less(t, shared, len(twins), "another Admission puts every one of a's twins of the victim in its slot too")
+}
+
 func TestAdmissionNoAllocs(t *testing.T) {
 	a := NewAdmission(Limits{GlobalPPS: 1000, PerSourcePPS: 100, HandshakePPS: 10, ZeroRTTPPS: 10}, 2)
 	c := Class{Kind: KindNew, Handshake: true, ZeroRTT: true}
