@@ -37,7 +37,9 @@ type Service struct {
 	// Limits are the admission limits (all off by default).
 	Limits Limits
 	// Workers is the number of SO_REUSEPORT sockets, each served by one
-	// forward and one reverse goroutine. 0 means GOMAXPROCS.
+	// forward and one reverse goroutine. 0 means GOMAXPROCS as the
+	// process started with it (the CPUs its affinity and cgroup allow),
+	// never as WaitThread raised it: a service added later gets as many.
 	Workers int
 	// RecvBuffer and SendBuffer request socket buffer sizes in bytes (0
 	// keeps the kernel default).
@@ -284,7 +286,7 @@ func (sc *Service) validate() error {
 	}
 	sc.Listen = addr.Unmap(sc.Listen)
 	if sc.Workers == 0 {
-		sc.Workers = runtime.GOMAXPROCS(0)
+		sc.Workers = startProcs
 	}
 	switch {
 	case sc.Workers < 1 || sc.Workers > 256:
@@ -920,6 +922,12 @@ func (p *Pipeline) raiseProcs() {
 }
 
 var procsMu sync.Mutex // one GOMAXPROCS change at a time
+
+// startProcs is GOMAXPROCS as the process started, before raiseProcs
+// raised it for WaitThread's threads: the default worker count. Taken
+// from the raised value, each service a reload added doubled the workers
+// (5 reloads on 2 CPUs: 5, 10, 20, 40, 80).
+var startProcs = runtime.GOMAXPROCS(0)
 
 // Close stops a running pipeline and waits until Run has returned, or
 // closes the sockets of one that never ran. It is idempotent and returns

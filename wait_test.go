@@ -1,6 +1,7 @@
 package cidroute
 
 import (
+	"net/netip"
 	"runtime"
 	"testing"
 	"time"
@@ -132,4 +133,20 @@ func startThreadProxy(t *testing.T) *testProxy {
 	e := startEcho(t, 0)
 	return startProxy(t, DTLS, []registry.Backend{{Ordinal: 0, Addr: e.Addr(), State: registry.Ready}},
 		func(s *Service) { s.Workers = 1 })
+}
+
+// TestDefaultWorkersFromStart: a service without Workers gets GOMAXPROCS
+// as the process started, whatever WaitThread raised it to since.
+func TestDefaultWorkersFromStart(t *testing.T) {
+	prev := runtime.GOMAXPROCS(startProcs + 5) // as raiseProcs would
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	p, err := New(Config{Logger: quietLog, Services: []Service{{Name: "s", Listen: netip.MustParseAddrPort("127.0.0.1:0"),
+		RouterConfig: RouterConfig{Protocol: DTLS, Backends: newRegistry(t, 1)}}}})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, p.AddService(Service{Name: "added", Listen: netip.MustParseAddrPort("127.0.0.1:0"),
+		RouterConfig: RouterConfig{Protocol: DTLS, Backends: newRegistry(t, 1)}}))
+	for _, name := range []string{"s", "added"} {
+		assert.Len(t, p.service(name).workers, startProcs, name)
+	}
 }

@@ -103,7 +103,7 @@ type Service struct {
 	Transparent bool
 	MaxSessions int
 	SessionIdle time.Duration
-	Workers     int // 0 = one per CPU (GOMAXPROCS)
+	Workers     int // 0 = one per CPU (GOMAXPROCS as the process started)
 	// RecvBuffer and SendBuffer (recv_buffer, send_buffer) are the
 	// service sockets' SO_RCVBUF and SO_SNDBUF in bytes; 0 keeps the
 	// kernel's default. An absent recv_buffer is DefaultRecvBuffer.
