@@ -110,6 +110,18 @@ func listenLoopback(t *testing.T) *net.UDPConn {
 	return c
 }
 
+// echoBackends starts two echo backends, ordinals 0 and 1, PPv2 or plain.
+func echoBackends(t *testing.T, proxyProtocol bool) ([]*testecho.Echo, []registry.Backend) {
+	var es []*testecho.Echo
+	var bs []registry.Backend
+	for i := range 2 {
+		e := testecho.Start(t, testecho.Config{PPv2: proxyProtocol})
+		es = append(es, e)
+		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.Addr(), State: registry.Ready})
+	}
+	return es, bs
+}
+
 func overloadModes(t *testing.T, f func(t *testing.T, wait WaitMode)) {
 	for _, wait := range []WaitMode{WaitNetpoller, WaitThread} {
 		t.Run(wait.String(), func(t *testing.T) { f(t, wait) })
@@ -130,13 +142,7 @@ func TestOverloadRepliesRelayed(t *testing.T) {
 				name = "transparent"
 			}
 			t.Run(name, func(t *testing.T) {
-				var es []*testecho.Echo
-				var bs []registry.Backend
-				for i := range 2 {
-					e := testecho.Start(t, testecho.Config{PPv2: !transparent})
-					es = append(es, e)
-					bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.Addr(), State: registry.Ready})
-				}
+				es, bs := echoBackends(t, !transparent)
 				tp := startSlowProxy(t, wait, transparent, stall{overloadStall, 0}, bs)
 				codec := tp.router().Codec()
 				var clients []*net.UDPConn
@@ -249,13 +255,7 @@ func TestOverloadJunkFlood(t *testing.T) {
 }
 
 func junkFlood(t *testing.T, wait WaitMode, early bool) {
-	var es []*testecho.Echo
-	var bs []registry.Backend
-	for i := range 2 {
-		e := testecho.Start(t, testecho.Config{PPv2: true})
-		es = append(es, e)
-		bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: e.Addr(), State: registry.Ready})
-	}
+	es, bs := echoBackends(t, true)
 	tp := startSlowProxy(t, wait, false, stall{overloadStall, 0}, bs, func(s *Service) { s.EarlyDrop = early })
 	codec := tp.router().Codec()
 	junk := [3][]byte{
