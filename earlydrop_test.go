@@ -52,7 +52,7 @@ func TestEarlyDropFollowsRegistry(t *testing.T) {
 
 			require.Equal(t, 0, c.ask(tp.addr(), rec(0)))
 			require.NotEqual(t, -1, c.ask(tp.addr(), dtlsClientHello(1)), "a new session routes")
-			before := tp.quiet(t) // the ClientHello's count may follow its echo
+			before := tp.quiet(t)                         // the ClientHello's count may follow its echo
 			send(rec(2))                                  // no backend 2 yet
 			send(make([]byte, 40))                        // no DTLS record
 			send(append([]byte{25, 3, 3}, rec(0)[3:]...)) // not a DTLS version
