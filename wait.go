@@ -26,7 +26,7 @@ const (
 	// While datagrams keep coming the goroutine yields every 5 ms, so
 	// that sysmon never takes it for one running too long (yieldEvery).
 	// The goroutine is not locked to its thread, so that a yield needs
-	// no second thread to hand its P back (README, Performance).
+	// no second thread to hand its P back (docs/performance.md).
 	// One thread rather than one per direction: on the independent
 	// benchmark a thread per direction, each in its own epoll set, locked
 	// or not, had no better p99 at 50k/s and cost more flat out (0.89–0.91×

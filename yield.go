@@ -13,7 +13,7 @@ import (
 // syscalls, again and again, and polls every 20 µs while it does,
 // preempting the worker on its CPU: at 25k datagrams/s, counted per
 // thread, about 3,000 wake-ups a second and a tenth of cidproxy's CPU
-// (README, Performance). A yield every half of those 10 ms keeps the
+// (docs/performance.md). A yield every half of those 10 ms keeps the
 // goroutine's schedule fresh, and sysmon backs off to its 10 ms sleeps.
 // A yield still wakes the thread of the spare P (the runtime's wakep),
 // which on one CPU often takes the goroutine: some 200 thread changes a

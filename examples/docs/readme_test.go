@@ -1,5 +1,5 @@
-// Package docs holds the test that keeps the READMEs' Go snippets
-// compiling.
+// Package docs holds the test that keeps the Go snippets of the READMEs
+// and of docs/ compiling.
 package docs
 
 import (
@@ -16,13 +16,9 @@ import (
 	"testing"
 )
 
-// pending are README files whose snippets are not in the compiled form
-// yet, with the reason. Empty it, do not grow it.
-var pending = map[string]string{}
-
-// A snippet is one ```go block of a README: a Go file without its package
-// clause (imports, then declarations), so that what a reader copies is
-// what compiles.
+// A snippet is one ```go block of a README or of a page of docs/: a Go
+// file without its package clause (imports, then declarations), so that
+// what a reader copies is what compiles.
 type snippet struct {
 	file string // README path, relative to the repository
 	line int    // line of the opening fence
@@ -30,8 +26,10 @@ type snippet struct {
 }
 
 // TestREADMESnippets compiles every ```go block of every README*.md of
-// the repository, each as a package of its own in a scratch module that
-// a workspace of all the repository's modules lets import any of them.
+// the repository and of every page under docs/, all as files of one
+// package (one build: a cold cache compiles each dependency once), in a
+// scratch module that a workspace of all the repository's modules lets
+// import any of them. Snippets therefore declare distinct names.
 func TestREADMESnippets(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiles the adapters and their dependencies")
@@ -65,16 +63,12 @@ func TestREADMESnippets(t *testing.T) {
 	var compiled int
 	where := map[string]snippet{}
 	for i, s := range snips {
-		if why, ok := pending[s.file]; ok {
-			t.Logf("%s:%d: not compiled: %s", s.file, s.line, why)
-			continue
-		}
-		name := fmt.Sprintf("s%02d/snippet.go", i)
+		name := fmt.Sprintf("s%02d.go", i)
 		write(name, "package s\n\n"+s.src)
 		where[name] = s
 		compiled++
 	}
-	cmd := exec.Command("go", "vet", "./...")
+	cmd := exec.Command("go", "vet", ".")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOWORK="+filepath.Join(dir, "go.work"), "GOFLAGS=-mod=readonly")
 	out, err := cmd.CombinedOutput()
@@ -84,7 +78,8 @@ func TestREADMESnippets(t *testing.T) {
 	t.Logf("%d snippets compiled", compiled)
 }
 
-// readmeSnippets returns the ```go blocks of every README*.md under root.
+// readmeSnippets returns the ```go blocks of every README*.md under root
+// and of every page under root/docs.
 func readmeSnippets(t *testing.T, root string) []snippet {
 	var out []snippet
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
@@ -97,10 +92,11 @@ func readmeSnippets(t *testing.T, root string) []snippet {
 			}
 			return nil
 		}
-		if !strings.HasPrefix(d.Name(), "README") || !strings.HasSuffix(d.Name(), ".md") {
+		rel, _ := filepath.Rel(root, p)
+		inDocs := strings.HasPrefix(filepath.ToSlash(rel), "docs/")
+		if !strings.HasSuffix(d.Name(), ".md") || !inDocs && !strings.HasPrefix(d.Name(), "README") {
 			return nil
 		}
-		rel, _ := filepath.Rel(root, p)
 		b, err := os.ReadFile(p)
 		if err != nil {
 			return err
@@ -156,7 +152,7 @@ func workspaceModules(t *testing.T, root string) []string {
 	return mods
 }
 
-var position = regexp.MustCompile(`(?m)(?:\./)?(s\d\d/snippet\.go):(\d+)(:\d+)?`)
+var position = regexp.MustCompile(`(?m)(?:\./)?(s\d\d\.go):(\d+)(:\d+)?`)
 
 // mapPositions rewrites positions in the scratch files as README lines.
 func mapPositions(out string, where map[string]snippet) string {

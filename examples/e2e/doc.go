@@ -20,13 +20,13 @@
 //   - soak_*: the soak and fault suite: backend and replica restarts,
 //     scale-out and drain, registry failure, rebinding storms, floods and
 //     spoofed replies, rate limits; `go test -run TestSoak -soak=2m -v`
-//     for the long run and the README's reliability table.
+//     for the long run and docs/testing.md's table.
 //   - handover_*: cidproxy replaced on its host (-handover) by the same
 //     build and by another one, and SIGHUP reloads of each kind, under
 //     examples/loadgen at 50,000 datagrams/s: 0 lost, each process
 //     balanced. soak_day_*: the day in the life, the everyday changes in
 //     sequence under pion and quic-go clients that rebind and migrate
-//     (-soak lengthens it; the README's table).
+//     (-soak lengthens it; docs/testing.md's table).
 //   - hostile_*: the hostile-input suite: the attacks of the hardening
 //     review replayed against the cidproxy binary, one case per attack.
 //   - edge_*: clients choosing among edges at real distance (package edge,
