@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute/proxyconfig"
@@ -87,9 +88,12 @@ func TestCheckFIFO(t *testing.T) {
 	}
 }
 
-// TestStopWithStuckSource: the process stops within 2 s of the signal
-// whatever its backend sources are doing, even one that ignores its
-// context.
+// TestStopWithStuckSource: a backend source that ignores its context
+// delays the stop by at most proxyconfig.StopWait (the process then stops
+// without it, and says so), so a signal stops the process within 2 s on a
+// quiet machine. The bound is taken against the same stop with a source
+// that returns, measured in the same run, so that a loaded machine (which
+// slows both) does not fail it.
 func TestStopWithStuckSource(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "k.json")
@@ -97,24 +101,35 @@ func TestStopWithStuckSource(t *testing.T) {
 		"kubernetes": {"service": "ds"}}]}`, freePort(t, "udp"))), 0o600))
 	release := make(chan struct{})
 	defer close(release)
-	stuck := registry.SourceFunc(func(context.Context, registry.Updater) error { <-release; return nil })
-	var errOut syncBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	go func() {
-		done <- Run(ctx, []string{"-config", path}, &bytes.Buffer{}, &errOut, Options{
-			Kubernetes: func(proxyconfig.Kubernetes, *slog.Logger) (registry.Source, error) { return stuck, nil },
-		})
-	}()
-	waitFor(t, 10*time.Second, "start", func() bool { return strings.Contains(errOut.String(), "service started") })
-	cancel()
-	select {
-	case code := <-done:
-		require.Equal(t, 0, code, errOut.String())
-		require.Contains(t, errOut.String(), "did not stop")
-	case <-time.After(2 * time.Second):
-		t.Fatal("not stopped within 2 s of the signal")
+	// stop runs the program with src as the Kubernetes source and returns
+	// how long it took to stop once its context was cancelled.
+	stop := func(src registry.Source) (time.Duration, string) {
+		var errOut syncBuffer
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan int, 1)
+		go func() {
+			done <- Run(ctx, []string{"-config", path}, &bytes.Buffer{}, &errOut, Options{
+				Kubernetes: func(proxyconfig.Kubernetes, *slog.Logger) (registry.Source, error) { return src, nil },
+			})
+		}()
+		waitFor(t, 10*time.Second, "start", func() bool { return strings.Contains(errOut.String(), "service started") })
+		began := time.Now()
+		cancel()
+		select {
+		case code := <-done:
+			require.Equal(t, 0, code, errOut.String())
+			return time.Since(began), errOut.String()
+		case <-time.After(30 * time.Second):
+			t.Fatal("not stopped within 30 s of the signal")
+			return 0, ""
+		}
 	}
+	polite, log := stop(registry.SourceFunc(func(ctx context.Context, _ registry.Updater) error { <-ctx.Done(); return nil }))
+	require.NotContains(t, log, "did not stop")
+	stuck, log := stop(registry.SourceFunc(func(context.Context, registry.Updater) error { <-release; return nil }))
+	require.Contains(t, log, "did not stop")
+	t.Logf("stopped in %v with a source that returns, %v with one that ignores its context", polite, stuck)
+	assert.Less(t, stuck, polite+proxyconfig.StopWait+time.Second, "a stuck source delayed the stop by more than StopWait")
 }
 
 // TestSecondInstanceRefused: a second cidproxy on the listen address of a
