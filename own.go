@@ -26,16 +26,25 @@ type OwnAddrs struct {
 	exact []netip.AddrPort // sockets bound to one address
 	wild  []uint16         // ports of sockets bound to a wildcard address
 	host  map[netip.Addr]struct{}
+	nets  []netip.Prefix // local routes: every address in them is the host's
 }
 
 // NewOwnAddrs returns the set for sockets bound at bound. host is the
 // host's addresses (LocalAddrs), which a wildcard-bound socket listens on;
-// loopback and unspecified addresses always count as the host's.
-// Addresses are compared without zones and IPv4-mapped IPv6 as IPv4.
-func NewOwnAddrs(bound []netip.AddrPort, host []netip.Addr) *OwnAddrs {
+// loopback and unspecified addresses always count as the host's. local
+// are prefixes the kernel delivers locally as a whole (LocalNets: local
+// routes such as the AnyIP pool of `ip route add local 10.77.0.0/24 dev
+// lo`), whose every address counts as the host's too. Addresses are
+// compared without zones and IPv4-mapped IPv6 as IPv4.
+func NewOwnAddrs(bound []netip.AddrPort, host []netip.Addr, local ...netip.Prefix) *OwnAddrs {
 	o := &OwnAddrs{host: make(map[netip.Addr]struct{}, len(host))}
 	for _, a := range host {
 		o.host[plain(a)] = struct{}{}
+	}
+	for _, n := range local {
+		if n.IsValid() {
+			o.nets = append(o.nets, netip.PrefixFrom(plain(n.Addr()), n.Bits()-(n.Addr().BitLen()-plain(n.Addr()).BitLen())).Masked())
+		}
 	}
 	for _, b := range bound {
 		p := b.Port()
@@ -70,8 +79,8 @@ func (o *OwnAddrs) contains(a netip.AddrPort) bool {
 }
 
 // IsHost reports whether ip is an address of the host: loopback,
-// unspecified (which the kernel delivers locally) or one of the addresses
-// the set was built with.
+// unspecified (which the kernel delivers locally), one of the addresses
+// the set was built with or inside one of its local prefixes.
 func (o *OwnAddrs) IsHost(ip netip.Addr) bool {
 	ip = plain(ip)
 	if ip.IsLoopback() || ip.IsUnspecified() {
@@ -80,8 +89,15 @@ func (o *OwnAddrs) IsHost(ip netip.Addr) bool {
 	if o == nil {
 		return false
 	}
-	_, ok := o.host[ip]
-	return ok
+	if _, ok := o.host[ip]; ok {
+		return true
+	}
+	for _, n := range o.nets {
+		if n.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // plain drops a zone and unmaps an IPv4-mapped address.

@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cidroute/cidroute/internal/testtool"
+	"github.com/cidroute/cidroute/ppv2"
+	"github.com/cidroute/cidroute/registry"
 )
 
 func TestOwnAddrs(t *testing.T) {
@@ -112,4 +114,31 @@ func TestOwnAddrsTrackHost(t *testing.T) {
 	assert.True(t, p.OwnAddrs().Contains(netip.AddrPortFrom(netip.MustParseAddr("10.77.0.255"), l.Port())), "and its subnet's broadcast")
 	ip("addr", "del", "10.77.0.1/24", "dev", "lo")
 	require.Eventually(t, func() bool { return !p.OwnAddrs().Contains(gained) }, time.Second, time.Millisecond)
+
+	// AnyIP: a local route delivers every address of its prefix to the
+	// host although no interface holds them. A reply aimed at one would
+	// come back in at the wildcard service and loop; the reverse rule
+	// refuses it once the route's notification is read.
+	anyIP := netip.AddrPortFrom(netip.MustParseAddr("10.79.0.77"), l.Port())
+	require.False(t, p.OwnAddrs().Contains(anyIP))
+	ip("route", "add", "local", "10.79.0.0/24", "dev", "lo")
+	require.Eventually(t, func() bool { return p.OwnAddrs().Contains(anyIP) }, time.Second, time.Millisecond,
+		"an address of a local route joins the set")
+	nets, err := LocalNets()
+	require.NoError(t, err)
+	assert.Contains(t, nets, netip.MustParsePrefix("10.79.0.0/24"))
+	be := netip.MustParseAddrPort("127.0.0.1:15999")
+	public := netip.MustParseAddrPort("10.78.0.1:5684")
+	r, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: public, Backends: newRegistry(t, 1, backend(0, be.String(), registry.Ready))})
+	require.NoError(t, err)
+	hdr, err := ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: public, Dst: anyIP})
+	require.NoError(t, err)
+	v := r.View(p.OwnAddrs())
+	assert.Equal(t, BadDestination, r.Reverse(append(hdr, "reply"...), be, Session{}, &v).Reason)
+	other := netip.AddrPortFrom(netip.MustParseAddr("10.80.0.9"), anyIP.Port()) // a client outside every local route
+	v = r.View(p.OwnAddrs())
+	ok := append(must(ppv2.AppendHeader(nil, ppv2.Header{Command: ppv2.Proxy, Src: public, Dst: other})), "reply"...)
+	assert.Equal(t, Forwarded, r.Reverse(ok, be, Session{}, &v).Reason)
+	ip("route", "del", "local", "10.79.0.0/24", "dev", "lo")
+	require.Eventually(t, func() bool { return !p.OwnAddrs().Contains(anyIP) }, time.Second, time.Millisecond)
 }

@@ -646,7 +646,14 @@ func (p *Pipeline) refreshOwnLocked() {
 			return // keep the last good set
 		}
 	}
-	p.own.Store(NewOwnAddrs(p.bound, host))
+	nets, err := LocalNets()
+	if err != nil {
+		p.log.Warn("listing the host's local routes", "err", err)
+		if cur := p.own.Load(); cur != nil {
+			nets = cur.nets // keep the last good routes
+		}
+	}
+	p.own.Store(NewOwnAddrs(p.bound, host, nets...))
 }
 
 // checkBackends applies CheckBackends to svcs, with the ports the kernel
