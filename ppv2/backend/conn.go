@@ -113,7 +113,8 @@ type Config struct {
 	// TrustedProxies are the networks whose datagrams may carry a PPv2
 	// header (the proxies' upstream addresses). A datagram with the
 	// signature from any other sender is dropped: its header is an
-	// assertion nobody vouches for.
+	// assertion nobody vouches for. Empty (the default) trusts nobody, not
+	// even loopback: set DefaultTrustedProxies() for proxies on this host.
 	TrustedProxies []netip.Prefix
 	// Direct is the policy for datagrams without the signature.
 	Direct DirectPolicy
