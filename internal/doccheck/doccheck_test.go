@@ -154,6 +154,9 @@ func undocumented(dir string) ([]string, error) {
 		}
 		pkgs[f.Name.Name][fn] = f
 	}
+	if len(pkgs) == 0 {
+		return nil, fmt.Errorf("%s: no Go package: update the published list", dir)
+	}
 	var out []string
 	report := func(pos token.Pos, what string) {
 		p := fset.Position(pos)
