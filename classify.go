@@ -20,6 +20,7 @@ const (
 	KindEstablished
 )
 
+// String returns "new", "established", or "invalid" for any other value.
 func (k Kind) String() string {
 	switch k {
 	case KindNew:
@@ -33,6 +34,7 @@ func (k Kind) String() string {
 // A Class is a classifier's verdict on one datagram. ID is a view into the
 // datagram and valid only while its buffer is.
 type Class struct {
+	// Kind says how to route the datagram: by hashing or by its CID.
 	Kind Kind
 	// ID is the connection ID to route by: the CID of an established
 	// session, or for KindNew the QUIC DCID (decoded when it has the
@@ -53,6 +55,7 @@ type Class struct {
 // retain b, and must be safe for concurrent use. An error means the
 // datagram is malformed and is dropped.
 type Classifier interface {
+	// Classify returns b's class, or an error when b is malformed.
 	Classify(b []byte) (Class, error)
 }
 
@@ -64,7 +67,9 @@ func (f ClassifierFunc) Classify(b []byte) (Class, error) { return f(b) }
 
 // DTLSClassifier classifies DTLS 1.2 datagrams whose tls12_cid records carry
 // CIDs of CIDLen bytes.
-type DTLSClassifier struct{ CIDLen int }
+type DTLSClassifier struct {
+	CIDLen int // the server CID length: tls12_cid records carry no length
+}
 
 // Classify implements Classifier with dtls.Classify.
 func (c DTLSClassifier) Classify(b []byte) (Class, error) {
@@ -75,7 +80,9 @@ func (c DTLSClassifier) Classify(b []byte) (Class, error) {
 
 // QUICClassifier classifies QUIC datagrams whose server CIDs are CIDLen
 // bytes long.
-type QUICClassifier struct{ CIDLen int }
+type QUICClassifier struct {
+	CIDLen int // the server CID length: short headers carry no length
+}
 
 // Classify implements Classifier with quic.Classify.
 func (c QUICClassifier) Classify(b []byte) (Class, error) {

@@ -1,15 +1,20 @@
 package cidroute_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log"
 	"log/slog"
+	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/ppv2"
+	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -127,45 +132,186 @@ func ExampleRouter_Reverse() {
 	// bad_proxy_header
 }
 
-// A Pipeline runs the rules on batched sockets: here one DTLS service on
-// loopback, in front of a registry a source keeps up to date.
+// Embedding a Pipeline: a registry of backends, one DTLS service in front
+// of them, Run until the context ends, then Close. In a program the context
+// is signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM), Listen the
+// service's port on every address (":5684"), and a registry.Source (a file,
+// Kubernetes) keeps the registry up to date. Here one client datagram goes
+// through it to a backend on loopback and back.
 func ExamplePipeline() {
-	reg, err := registry.New(registry.Config{Service: "coap", Seed: 42})
+	be := startEchoBackend()
+	defer be.Close()
+
+	reg, err := registry.NewStatic(registry.Config{Service: "coap", Seed: 42},
+		[]registry.Backend{{Ordinal: 0, Addr: be.LocalAddr().(*net.UDPAddr).AddrPort()}})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	defer reg.Close()
-	err = reg.Update([]registry.Backend{{Ordinal: 0, Addr: netip.MustParseAddrPort("127.0.0.1:15684")}})
-	if err != nil {
-		panic(err)
-	}
+
 	p, err := cidroute.New(cidroute.Config{
 		Logger: slog.New(slog.DiscardHandler),
 		Services: []cidroute.Service{{
-			Name:   "coap",
-			Listen: netip.MustParseAddrPort("127.0.0.1:0"),
-			RouterConfig: cidroute.RouterConfig{
-				Protocol: cidroute.DTLS,
-				Backends: reg,
-			},
-			Limits:  cidroute.Limits{HandshakePPS: 1000},
-			Workers: 1,
+			Name:         "coap",
+			Listen:       netip.MustParseAddrPort("127.0.0.1:0"),
+			RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg},
+			Limits:       cidroute.Limits{HandshakePPS: 1000},
+			Workers:      1, // 0: one per CPU
 		}},
 	})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	go func() { <-ctx.Done(); p.Close() }()
+	defer p.Close()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+
+	// A client's first flight, echoed by the backend. (New bound the
+	// sockets: what arrives before Run reads waits in the kernel.)
 	addr, _ := p.Addr("coap")
-	fmt.Println(addr.Addr(), addr.Port() != 0)
-	if err := p.Run(ctx); err != nil {
-		panic(err)
+	client, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		log.Fatal(err)
 	}
+	defer client.Close()
+	client.WriteToUDPAddrPort(clientHello(), addr)
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 2048)
+	n, from, err := client.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("echoed:", bytes.Equal(buf[:n], clientHello()), "from the service:", from == addr)
+
+	stop() // SIGTERM
+	fmt.Println("run:", <-done)
 	st := p.Stats()[0]
-	fmt.Println(st.Name, st.Forward.Received, st.Forward.Balanced())
+	fmt.Println(st.Name, st.Forward.Forwarded, st.Reverse.Forwarded, st.Forward.Balanced())
 	// Output:
-	// 127.0.0.1 true
-	// coap 0 true
+	// echoed: true from the service: true
+	// run: <nil>
+	// coap 1 1 true
+}
+
+// A Router in the caller's own loop: the caller owns the sockets (here one
+// for clients and one towards the backends, on loopback) and calls Forward
+// on what clients send and Reverse on what backends answer. The Pipeline
+// does the same on batched sockets, with the admission limits.
+func ExampleRouter() {
+	be := startEchoBackend()
+	defer be.Close()
+	reg, err := registry.NewStatic(registry.Config{Service: "coap", Seed: 42},
+		[]registry.Backend{{Ordinal: 0, Addr: be.LocalAddr().(*net.UDPAddr).AddrPort()}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer reg.Close()
+
+	lo := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}
+	svc, err := net.ListenUDP("udp4", lo) // clients send here
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer svc.Close()
+	up, err := net.ListenUDP("udp4", lo) // backends answer here
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer up.Close()
+	public := svc.LocalAddr().(*net.UDPAddr).AddrPort()
+	r, err := cidroute.NewRouter(cidroute.RouterConfig{Protocol: cidroute.DTLS, PublicAddr: public, Backends: reg})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Neither rule may send to the process's own sockets.
+	own := cidroute.NewOwnAddrs([]netip.AddrPort{public, up.LocalAddr().(*net.UDPAddr).AddrPort()}, nil)
+	var drops [cidroute.NumReasons]atomic.Uint64
+
+	go func() { // forward: client → backend, behind a PPv2 header
+		buf := make([]byte, 2048)
+		out := make([]byte, 0, cidroute.HeaderRoom+len(buf))
+		for {
+			n, client, err := svc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return // closed
+			}
+			v := r.View(own) // once per batch of datagrams
+			d, hdr := r.Forward(out[:0], buf[:n], client, netip.Addr{}, &v)
+			if d.Reason != cidroute.Forwarded {
+				drops[d.Reason].Add(1)
+				continue
+			}
+			up.WriteToUDPAddrPort(append(hdr, buf[:n]...), d.Backend)
+		}
+	}()
+	go func() { // reverse: backend → client, header checked and stripped
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := up.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			v := r.View(own)
+			rep := r.Reverse(buf[:n], from, cidroute.Session{}, &v)
+			if rep.Reason != cidroute.Forwarded {
+				drops[rep.Reason].Add(1)
+				continue
+			}
+			svc.WriteToUDPAddrPort(rep.Payload, rep.Client)
+		}
+	}()
+
+	client, err := net.ListenUDP("udp4", lo)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	client.WriteToUDPAddrPort([]byte("not DTLS"), public)
+	client.WriteToUDPAddrPort(clientHello(), public)
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 2048)
+	n, from, err := client.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("echoed:", bytes.Equal(buf[:n], clientHello()), "from the service:", from == public)
+	fmt.Println("malformed:", drops[cidroute.Malformed].Load())
+	// Output:
+	// echoed: true from the service: true
+	// malformed: 1
+}
+
+// startEchoBackend starts a backend as a DTLS or QUIC server runs one: its
+// socket behind ppv2/backend, which trusts proxies on this host and hands
+// the server each datagram with the client's address. It echoes every
+// datagram until closed.
+func startEchoBackend() *backend.Conn {
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	be, err := backend.New(udp, backend.Config{TrustedProxies: backend.DefaultTrustedProxies()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := be.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			be.WriteTo(buf[:n], from)
+		}
+	}()
+	return be
+}
+
+// clientHello is a DTLS client's first datagram: a ClientHello record.
+func clientHello() []byte {
+	b, _ := dtls.AppendRecord(nil, dtls.Record{Type: dtls.Handshake,
+		Fragment: dtls.AppendHandshake(nil, dtls.HandshakeClientHello, 0, make([]byte, 40))})
+	return b
 }

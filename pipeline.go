@@ -101,6 +101,8 @@ type Service struct {
 
 // Config configures a Pipeline.
 type Config struct {
+	// Services are the services to run, each on its own sockets and
+	// workers: at least one, each with a Name of its own.
 	Services []Service
 	// BatchSize is the number of datagrams per recvmmsg/sendmmsg (0 =
 	// DefaultBatchSize).

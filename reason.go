@@ -29,6 +29,8 @@ const (
 	TooBig                        // the kernel refused to send it as too big (EMSGSIZE): with the PPv2 header it exceeds what the socket may send
 	CIDLength                     // forward: a CID of another length than the service's (see ErrCIDLength): the backends and the proxy disagree on it
 
+	// NumReasons is the number of Reasons, Forwarded included: the size
+	// of Counters.Dropped.
 	NumReasons = iota
 )
 
@@ -65,8 +67,10 @@ type ReasonSet uint32
 // The drop reasons each direction can count: a metrics exporter lists them
 // from the start, at zero, so that a new reason cannot go missing from it.
 const (
+	// ForwardDrops are the reasons of the client → backend direction.
 	ForwardDrops ReasonSet = 1<<Malformed | 1<<UnknownOrdinal | 1<<NotServing | 1<<Unroutable |
 		1<<NoReadyBackend | 1<<StaleRegistry | 1<<RateLimited | 1<<OwnAddress | 1<<SessionLimit | 1<<SendError | 1<<TooBig | 1<<CIDLength
+	// ReverseDrops are the reasons of the backend → client direction.
 	ReverseDrops ReasonSet = 1<<Malformed | 1<<UntrustedSender | 1<<BadProxyHeader | 1<<BadDestination | 1<<SendError | 1<<TooBig
 )
 

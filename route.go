@@ -17,6 +17,8 @@ import (
 // Both methods run once per batch and must be cheap and safe for
 // concurrent use.
 type Backends interface {
+	// Snapshot returns the current backends; the Router does not modify
+	// or retain it beyond the batch.
 	Snapshot() *registry.Snapshot
 	// Stale reports that the source has not confirmed the snapshot within
 	// its freshness limit: new sessions are refused, CID routes go on.
@@ -29,6 +31,8 @@ var _ Backends = (*registry.Registry)(nil)
 // It must not allocate when dst has room, and must be safe for concurrent
 // use.
 type Encoder interface {
+	// AppendHeader appends the header for a datagram from client to the
+	// service address, and returns the extended dst.
 	AppendHeader(dst []byte, client, service netip.AddrPort) ([]byte, error)
 }
 
@@ -61,6 +65,8 @@ const (
 	QUIC                     // QUIC v1 and v2 (RFC 9000, RFC 9369)
 )
 
+// String returns "dtls" or "quic", the names ParseProtocol reads, or
+// "invalid".
 func (p Protocol) String() string {
 	switch p {
 	case DTLS:
@@ -87,8 +93,8 @@ func ParseProtocol(s string) (Protocol, error) {
 // DTLS (ordinal-first) and 12 for QUIC (QUIC-LB), so that a QUIC server CID
 // is never confused with a client's random 8-byte DCID.
 const (
-	DefaultDTLSCIDLen = dtls.OrdinalFirstDefaultLen
-	DefaultQUICCIDLen = quic.LBDefaultLen
+	DefaultDTLSCIDLen = dtls.OrdinalFirstDefaultLen // 8
+	DefaultQUICCIDLen = quic.LBDefaultLen           // 12
 )
 
 // DefaultCIDLen returns the protocol's default CID length, 0 for none.
@@ -166,6 +172,8 @@ const (
 	UnroutableHash
 )
 
+// String returns "drop" or "hash", the names UnmarshalText reads, or
+// "invalid".
 func (u UnroutablePolicy) String() string {
 	switch u {
 	case UnroutableDrop:
@@ -199,6 +207,8 @@ func (u *UnroutablePolicy) UnmarshalText(b []byte) error {
 
 // RouterConfig is what a Router needs. Zero fields take defaults.
 type RouterConfig struct {
+	// Protocol is the service's transport, DTLS or QUIC; it picks the
+	// classifier and the default codec. Required.
 	Protocol Protocol
 	// PublicAddr is the service's public address: the HRW key of DTLS
 	// datagrams without CID uses it, so every replica must be configured
@@ -340,7 +350,7 @@ type View struct {
 	// Admission, when not nil, applies the admission limits to the
 	// forward rule's datagrams at time Now (Unix nanoseconds).
 	Admission *Admission
-	Now       int64
+	Now       int64 // the admission limits' clock, Unix nanoseconds
 }
 
 // View returns a View of the router's backends as they are now, with own
@@ -357,7 +367,7 @@ type Decision struct {
 	// refused as one of the proxy's own addresses (OwnAddress), and
 	// Ordinal the backend's ordinal; zero otherwise.
 	Backend netip.AddrPort
-	Ordinal uint8
+	Ordinal uint8 // the CID's ordinal, or the one HRW picked
 	// Class is the classifier's verdict (zero when Malformed; for
 	// CIDLength, the CID as it came, of its own length).
 	Class Class
@@ -465,8 +475,8 @@ func (r *Router) ForwardAt(buf []byte, off int, client netip.AddrPort, local net
 // upstream socket it arrived on serves, and the address that client sent
 // to (zero unless the public address is a wildcard).
 type Session struct {
-	Client netip.AddrPort
-	Local  netip.Addr
+	Client netip.AddrPort // the client the upstream socket serves; zero in PPv2 mode
+	Local  netip.Addr     // the address the client sent to, for a wildcard service
 }
 
 // A Reply is the reverse rule's verdict on one backend datagram.
@@ -477,8 +487,8 @@ type Reply struct {
 	// leave from: the zero Addr unless the public address is a wildcard,
 	// when it is the address the client sent to.
 	Client  netip.AddrPort
-	Local   netip.Addr
-	Payload []byte // a view into the datagram
+	Local   netip.Addr // see Client
+	Payload []byte     // a view into the datagram
 }
 
 // Reverse is the reverse rule: it decides whether datagram b, which from

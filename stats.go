@@ -10,8 +10,8 @@ import (
 // Counters account for every datagram of one service and direction:
 // Received = Forwarded + Σ Dropped, once the pipeline is quiescent.
 type Counters struct {
-	Received  uint64
-	Forwarded uint64
+	Received  uint64             // datagrams read from the direction's sockets
+	Forwarded uint64             // datagrams sent on
 	Dropped   [NumReasons]uint64 // indexed by Reason; Dropped[Forwarded] is 0
 
 	// KernelDrops are the datagrams the kernel dropped on the
@@ -107,7 +107,7 @@ func (c *Counters) batch(n int) {
 
 // ServiceStats is a snapshot of one service's counters.
 type ServiceStats struct {
-	Name    string
+	Name    string   // Service.Name
 	Forward Counters // client → backend
 	Reverse Counters // backend → client
 	// Sessions is the number of transparent-mode sessions (0 in PPv2

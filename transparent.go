@@ -38,6 +38,8 @@ const (
 	// DefaultMaxSessions caps the default size of a worker's table; the
 	// default is smaller when RLIMIT_NOFILE is (see Service.MaxSessions).
 	DefaultMaxSessions = 65536
+	// DefaultSessionIdle is how long a session lives without a datagram
+	// in either direction when Service.SessionIdle is 0.
 	DefaultSessionIdle = 2 * time.Minute
 	// MinSessionIdle is the shortest SessionIdle New accepts: a session
 	// that expires faster than a client's pause between datagrams is no

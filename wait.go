@@ -36,6 +36,7 @@ const (
 	WaitThread
 )
 
+// String returns "netpoller" or "thread", or "invalid".
 func (m WaitMode) String() string {
 	switch m {
 	case WaitNetpoller:

@@ -62,7 +62,7 @@ func checkMode(perm fs.FileMode, owner, self int) error {
 // A Set is the content of a key file.
 type Set struct {
 	Keys   []quic.LBKey // by increasing config ID
-	Active uint8
+	Active uint8        // the config ID new CIDs are encoded with
 }
 
 // ConfigIDs returns the config IDs of s.
@@ -194,7 +194,7 @@ func jsonError(err error) error {
 // again on Reload). Replace the file atomically (write, then rename), as a
 // Kubernetes Secret volume does.
 type File struct {
-	Path     string
+	Path     string        // the key file, read on every check
 	Interval time.Duration // 0 means 1s, at least MinInterval; set before Run
 	Logger   *slog.Logger  // nil means slog.Default(); set before Run
 

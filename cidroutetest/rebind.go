@@ -220,6 +220,7 @@ func (c *RebindConn) SetReadBuffer(n int) error {
 	return c.udp.SetReadBuffer(n)
 }
 
+// SetWriteBuffer: see SetReadBuffer.
 func (c *RebindConn) SetWriteBuffer(n int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

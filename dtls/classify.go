@@ -14,6 +14,7 @@ const (
 	KindEstablished
 )
 
+// String returns "new", "established", or "invalid" for any other value.
 func (k Kind) String() string {
 	switch k {
 	case KindNew:
@@ -26,6 +27,7 @@ func (k Kind) String() string {
 
 // Class is what Classify found in a datagram.
 type Class struct {
+	// Kind says how to route the datagram: by hashing or by CID.
 	Kind Kind
 	// CID is the CID of the first tls12_cid record, a view into the
 	// datagram, valid only while it is (KindEstablished only). Later CID

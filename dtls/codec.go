@@ -40,7 +40,7 @@ const (
 //
 // OrdinalFirst satisfies cidroute.CIDCodec.
 type OrdinalFirst struct {
-	Length int
+	Length int // the CID length in bytes; 0 means 8
 }
 
 // Len returns the CID length, 8 for the zero value.
@@ -102,8 +102,11 @@ func (c OrdinalFirst) Generator(ordinal uint8) (func() []byte, error) {
 // cidroute.CIDCodec satisfies it (OrdinalFirst, quic.LB, quic.LBEncrypted).
 // It is declared here so that this package imports nothing of cidroute.
 type Codec interface {
+	// Len is the length of the CIDs the codec writes.
 	Len() int
+	// AppendCID appends a fresh CID that carries ordinal.
 	AppendCID(dst []byte, ordinal uint8) ([]byte, error)
+	// Ordinal reads the ordinal back; ok is false when cid carries none.
 	Ordinal(cid []byte) (ordinal uint8, ok bool)
 }
 

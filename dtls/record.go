@@ -11,13 +11,15 @@ type ContentType uint8
 // The content types a DTLS 1.2 record may carry. TLS12CID (RFC 9146) is an
 // encrypted record with a connection ID in its header.
 const (
-	ChangeCipherSpec ContentType = 20
-	Alert            ContentType = 21
-	Handshake        ContentType = 22
-	ApplicationData  ContentType = 23
-	TLS12CID         ContentType = 25
+	ChangeCipherSpec ContentType = 20 // change_cipher_spec
+	Alert            ContentType = 21 // alert
+	Handshake        ContentType = 22 // handshake: a ClientHello starts a session
+	ApplicationData  ContentType = 23 // application_data, of a session without CIDs
+	TLS12CID         ContentType = 25 // tls12_cid: encrypted, with the CID the proxy routes by
 )
 
+// String returns the type's name in RFC 5246/9146 spelling, such as
+// "tls12_cid", or "unknown".
 func (t ContentType) String() string {
 	switch t {
 	case ChangeCipherSpec:
@@ -37,8 +39,8 @@ func (t ContentType) String() string {
 // Record versions on the wire. Both are accepted on every record: many
 // clients (OpenSSL among them) send their first ClientHello as DTLS 1.0.
 const (
-	VersionDTLS10 uint16 = 0xfeff
-	VersionDTLS12 uint16 = 0xfefd
+	VersionDTLS10 uint16 = 0xfeff // DTLS 1.0, fe ff
+	VersionDTLS12 uint16 = 0xfefd // DTLS 1.2, fe fd
 )
 
 // Header and CID sizes.
@@ -51,7 +53,7 @@ const (
 	// zero-length CID means the peer sends no tls12_cid records, which
 	// leaves nothing to route by.
 	MinCIDLen = 1
-	MaxCIDLen = 255
+	MaxCIDLen = 255 // see MinCIDLen
 )
 
 // The errors ParseRecord and Classify return. They are returned as they
@@ -88,21 +90,21 @@ type HandshakeType uint8
 
 // The handshake messages this package names.
 const (
-	HandshakeClientHello        HandshakeType = 1
-	HandshakeServerHello        HandshakeType = 2
-	HandshakeHelloVerifyRequest HandshakeType = 3
-	HandshakeClientKeyExchange  HandshakeType = 16
-	HandshakeFinished           HandshakeType = 20
+	HandshakeClientHello        HandshakeType = 1  // starts a session: the admission limits count it
+	HandshakeServerHello        HandshakeType = 2  // a health probe's good answer
+	HandshakeHelloVerifyRequest HandshakeType = 3  // a health probe's good answer, from a server with cookies
+	HandshakeClientKeyExchange  HandshakeType = 16 // client_key_exchange
+	HandshakeFinished           HandshakeType = 20 // finished
 )
 
 // Record is one parsed DTLS record. CID and Fragment are views into the
 // buffer given to ParseRecord, valid only while that buffer is.
 type Record struct {
-	Type    ContentType
-	Version uint16
-	Epoch   uint16
-	Seq     uint64 // 48 bits on the wire
-	CID     []byte // nil unless Type is TLS12CID
+	Type    ContentType // TLS12CID records carry a CID
+	Version uint16      // VersionDTLS12 or VersionDTLS10
+	Epoch   uint16      // 0 for the plaintext handshake, then one per key change
+	Seq     uint64      // 48 bits on the wire
+	CID     []byte      // nil unless Type is TLS12CID
 	// Fragment is the record's payload: plaintext in epoch 0, ciphertext
 	// after (for TLS12CID it is the encrypted DTLSInnerPlaintext).
 	Fragment []byte

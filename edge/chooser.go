@@ -33,7 +33,7 @@ type Config struct {
 	// MinGain and MinGainPercent are the two thresholds a candidate must
 	// both beat the current edge's round-trip time by (0 = 20 ms, 25 %).
 	MinGain        time.Duration
-	MinGainPercent int
+	MinGainPercent int // see MinGain
 	// Streak is the number of rounds in a row a candidate must win (0 = 2):
 	// one good probe may be an edge that has just restarted.
 	Streak int

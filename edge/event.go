@@ -44,8 +44,8 @@ func (r Reason) String() string {
 
 // A Switch moves the session from one edge to another.
 type Switch struct {
-	From, To netip.AddrPort
-	Reason   Reason
+	From, To netip.AddrPort // the current edge and the new one
+	Reason   Reason         // why the session moves
 	// FromRTT and ToRTT are the round-trip times of the last round
 	// (FromRTT is zero when the current edge failed its probe, ToRTT when
 	// the target was not probed, as in a failover).
@@ -84,6 +84,7 @@ var kindNames = [...]string{
 	EventStoreError:   "store_error",
 }
 
+// String returns the kind's log label, such as "switch_failed".
 func (k EventKind) String() string {
 	if int(k) < len(kindNames) && kindNames[k] != "" {
 		return kindNames[k]
@@ -94,29 +95,29 @@ func (k EventKind) String() string {
 // An Event is something a Chooser did. Its slices and pointers are the
 // receiver's to keep.
 type Event struct {
-	Kind    EventKind
-	Time    time.Time
-	Addrs   []netip.AddrPort
-	Addr    netip.AddrPort
-	Sample  Sample
-	Err     error
-	Ranking *Ranking
-	Switch  *Switch
-	Delay   time.Duration
+	Kind    EventKind        // what happened; it says which fields below are set
+	Time    time.Time        // when, by the Chooser's Clock
+	Addrs   []netip.AddrPort // the candidate set
+	Addr    netip.AddrPort   // the probed edge
+	Sample  Sample           // a successful probe's measurement
+	Err     error            // what failed
+	Ranking *Ranking         // a new or discarded ranking
+	Switch  *Switch          // a move, due or made
+	Delay   time.Duration    // until the next watch round
 }
 
 // Stats counts what a Chooser did since it was created.
 type Stats struct {
-	Resolves, ResolveErrors uint64
-	Measures                uint64 // full measurements of the set
-	Cycles                  uint64 // watch rounds
-	Probes, ProbeErrors     uint64
+	Resolves, ResolveErrors uint64             // resolver calls, and those that failed
+	Measures                uint64             // full measurements of the set
+	Cycles                  uint64             // watch rounds
+	Probes, ProbeErrors     uint64             // probes sent, and those that failed
 	Skipped                 uint64             // rounds with fewer than two candidates
 	Fallbacks               uint64             // every probe failed: resolver order
 	Discarded               uint64             // rankings dropped for a changed address set
 	Switches                [numReasons]uint64 // by Reason
-	SwitchErrors            uint64
-	StoreErrors             uint64
+	SwitchErrors            uint64             // moves that failed (EventSwitchFailed)
+	StoreErrors             uint64             // Store loads and saves that failed
 }
 
 // SwitchesTotal is Σ Switches.

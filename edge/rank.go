@@ -19,7 +19,7 @@ type Sample struct {
 
 // An Entry is one candidate's place in a Ranking.
 type Entry struct {
-	Addr   netip.AddrPort `json:"addr"`
+	Addr   netip.AddrPort `json:"addr"`            // the candidate edge
 	OK     bool           `json:"ok"`              // its last probe succeeded
 	Sample Sample         `json:"sample,omitzero"` // the last successful probe's
 	At     time.Time      `json:"at,omitzero"`     // when it was last probed
@@ -32,7 +32,7 @@ type Ranking struct {
 	// Set is the address set the ranking was measured from, sorted. A
 	// ranking is valid only for the same set.
 	Set      []netip.AddrPort `json:"set"`
-	Entries  []Entry          `json:"entries"`
+	Entries  []Entry          `json:"entries"`  // best first
 	Measured time.Time        `json:"measured"` // the last full measurement
 }
 

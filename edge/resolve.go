@@ -49,8 +49,8 @@ func Static(addrs ...netip.AddrPort) ResolveFunc {
 
 // A Clock tells the time and waits. The zero Config uses the system clock.
 type Clock interface {
-	Now() time.Time
-	After(d time.Duration) <-chan time.Time
+	Now() time.Time                         // as time.Now
+	After(d time.Duration) <-chan time.Time // as time.After
 }
 
 type systemClock struct{}

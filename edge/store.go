@@ -11,8 +11,8 @@ import (
 // A Store keeps a Ranking across restarts. Load returns nil and no error
 // when nothing is stored. A Chooser calls it from one goroutine at a time.
 type Store interface {
-	Load() (*Ranking, error)
-	Save(*Ranking) error
+	Load() (*Ranking, error) // the stored ranking, or nil
+	Save(*Ranking) error     // replaces the stored ranking
 }
 
 // ErrCorrupt is wrapped by a FileStore's Load when the file does not hold

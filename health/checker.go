@@ -16,7 +16,10 @@ import (
 
 // Target is what a Checker probes and marks: *registry.Registry.
 type Target interface {
+	// Snapshot lists the backends to probe, each round.
 	Snapshot() *registry.Snapshot
+	// SetDown marks a backend down or up again, and reports whether the
+	// routing changed.
 	SetDown(ordinal uint8, addr netip.AddrPort, down bool) bool
 }
 
@@ -45,10 +48,10 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultInterval = 2 * time.Second
-	DefaultTimeout  = time.Second
-	DefaultFall     = 3
-	DefaultRise     = 2
+	DefaultInterval = 2 * time.Second // Config.Interval
+	DefaultTimeout  = time.Second     // Config.Timeout
+	DefaultFall     = 3               // Config.Fall
+	DefaultRise     = 2               // Config.Rise
 	// MinInterval bounds how often a backend is probed.
 	MinInterval = 10 * time.Millisecond
 )
@@ -249,18 +252,18 @@ func (c *Checker) set(k key, b *backendState, down bool) {
 
 // BackendStatus is one probed backend's state.
 type BackendStatus struct {
-	Ordinal uint8
-	Addr    netip.AddrPort
+	Ordinal uint8          // the backend's ordinal in the registry
+	Addr    netip.AddrPort // the address probed
 	// Up is the checker's verdict; Since is when it last changed (or
 	// when the checker met the backend).
 	Up    bool
-	Since time.Time
+	Since time.Time // see Up
 	// Results counts the probes by result.
 	Results [NumResults]uint64
 	// LastRTT is the round-trip time of the last answered probe; LastErr
 	// the last probe's error (nil after a success).
 	LastRTT time.Duration
-	LastErr error
+	LastErr error // see LastRTT
 }
 
 // Stats is a point-in-time view of a Checker.
@@ -290,9 +293,9 @@ var RTTBuckets = [...]float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
 // Prometheus histograms are: Buckets[i] counts the times at most
 // RTTBuckets[i]; Count counts them all, Sum adds them up (seconds).
 type Histogram struct {
-	Buckets [len(RTTBuckets)]uint64
-	Count   uint64
-	Sum     float64
+	Buckets [len(RTTBuckets)]uint64 // cumulative counts, by RTTBuckets' upper bounds
+	Count   uint64                  // every answered probe
+	Sum     float64                 // seconds
 }
 
 func (h *Histogram) observe(d time.Duration) {

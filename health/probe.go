@@ -36,12 +36,14 @@ type Result uint8
 
 // Probe results.
 const (
-	OK        Result = iota
-	Timeout          // ErrTimeout
-	Refused          // ErrRefused
-	BadAnswer        // ErrBadAnswer
-	Error            // the probe could not be sent (no route, no socket)
+	OK        Result = iota // the backend's stack answered
+	Timeout                 // ErrTimeout
+	Refused                 // ErrRefused
+	BadAnswer               // ErrBadAnswer
+	Error                   // the probe could not be sent (no route, no socket)
 
+	// NumResults is the number of Results: the size of
+	// BackendStatus.Results.
 	NumResults = iota
 )
 

@@ -21,11 +21,11 @@ const (
 
 // TLV types defined by the protocol. Others are carried and skipped.
 const (
-	TypeALPN      uint8 = 0x01
-	TypeAuthority uint8 = 0x02
-	TypeCRC32C    uint8 = 0x03
-	TypeNoop      uint8 = 0x04
-	TypeUniqueID  uint8 = 0x05
+	TypeALPN      uint8 = 0x01 // the application protocol
+	TypeAuthority uint8 = 0x02 // the host name the client asked for (SNI)
+	TypeCRC32C    uint8 = 0x03 // a CRC32C of the header, checked by Parse
+	TypeNoop      uint8 = 0x04 // padding
+	TypeUniqueID  uint8 = 0x05 // an opaque connection ID of the proxy's
 )
 
 const (
@@ -54,6 +54,7 @@ const (
 	Proxy Command = 1 // PROXY: Src and Dst carry the proxied addresses
 )
 
+// String returns "LOCAL" or "PROXY", as the specification spells them.
 func (c Command) String() string {
 	switch c {
 	case Local:
@@ -66,6 +67,7 @@ func (c Command) String() string {
 
 // Header is a decoded PROXY protocol v2 header.
 type Header struct {
+	// Command is Proxy for forwarded traffic, Local for a proxy's own.
 	Command Command
 	// Src and Dst are the addresses a Proxy header carries: on the way to a
 	// backend, Src is the client and Dst the service; on the way back, the
@@ -79,14 +81,14 @@ type Header struct {
 
 // Errors. Parse and the encoders wrap them with context; test with errors.Is.
 var (
-	ErrNoSignature = errors.New("ppv2: no PROXY v2 signature")
-	ErrVersion     = errors.New("ppv2: unsupported version")
-	ErrCommand     = errors.New("ppv2: unsupported command")
-	ErrFamily      = errors.New("ppv2: unsupported or inconsistent address family")
-	ErrTruncated   = errors.New("ppv2: truncated")
-	ErrTLV         = errors.New("ppv2: malformed TLV")
-	ErrChecksum    = errors.New("ppv2: CRC32C mismatch")
-	ErrStream      = errors.New("ppv2: STREAM transport in a datagram")
+	ErrNoSignature = errors.New("ppv2: no PROXY v2 signature")                      // not a PPv2 datagram at all
+	ErrVersion     = errors.New("ppv2: unsupported version")                        // the version nibble is not 2
+	ErrCommand     = errors.New("ppv2: unsupported command")                        // neither LOCAL nor PROXY
+	ErrFamily      = errors.New("ppv2: unsupported or inconsistent address family") // not IPv4/IPv6, or addresses that do not match it
+	ErrTruncated   = errors.New("ppv2: truncated")                                  // the header runs past the datagram
+	ErrTLV         = errors.New("ppv2: malformed TLV")                              // a TLV runs past the header, or a bad CRC32C TLV
+	ErrChecksum    = errors.New("ppv2: CRC32C mismatch")                            // the CRC32C TLV does not match the header
+	ErrStream      = errors.New("ppv2: STREAM transport in a datagram")             // a TCP header, which a UDP proxy never sends
 )
 
 var errNoAddr = fmt.Errorf("ppv2: PROXY header needs both addresses: %w", ErrFamily)

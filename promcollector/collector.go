@@ -32,8 +32,8 @@ type Config struct {
 // A Path is a source of datagram counters besides the pipeline. Stats
 // may return nil (a fast path that is not attached).
 type Path struct {
-	Name  string
-	Stats func() []cidroute.ServiceStats
+	Name  string                         // the path label of its series, such as "xdp"
+	Stats func() []cidroute.ServiceStats // read at each scrape
 }
 
 // A Collector is a prometheus.Collector over the counters Config names.

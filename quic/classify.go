@@ -17,6 +17,7 @@ const (
 	KindEstablished
 )
 
+// String returns "new", "established", or "invalid" for any other value.
 func (k Kind) String() string {
 	switch k {
 	case KindNew:
@@ -30,7 +31,7 @@ func (k Kind) String() string {
 // Class is what Classify found in a datagram. DCID is a view into the
 // datagram, valid only while its buffer is.
 type Class struct {
-	Kind    Kind
+	Kind    Kind       // how to route the datagram: by hashing or by CID
 	Type    PacketType // type of the first packet
 	DCID    []byte     // DCID of the first packet, shared by all packets
 	Version uint32     // version of the first packet; 0 for a short header

@@ -59,6 +59,8 @@ const (
 	UnknownVersion                           // long header of a version other than 0, 1, 2
 )
 
+// String returns the type's name as RFC 9000 writes it, such as
+// "Initial" or "0-RTT", or "Invalid".
 func (t PacketType) String() string {
 	switch t {
 	case Initial:
@@ -92,11 +94,11 @@ func IsLong(b0 byte) bool { return b0&0x80 != 0 }
 // are views into the buffer given to ParseHeader: they are valid only while
 // that buffer is and must be copied to be kept.
 type Header struct {
-	Type    PacketType
-	Version uint32 // 0 for short headers and Version Negotiation
-	DCID    []byte
-	SCID    []byte // nil for short headers
-	Token   []byte // Initial: the token (may be empty); Retry: the retry token
+	Type    PacketType // the first packet's type
+	Version uint32     // 0 for short headers and Version Negotiation
+	DCID    []byte     // the destination CID: what a proxy routes by
+	SCID    []byte     // nil for short headers
+	Token   []byte     // Initial: the token (may be empty); Retry: the retry token
 	// Len is the number of bytes of b this packet occupies. Packets that
 	// carry no Length field (short header, Retry, Version Negotiation,
 	// unknown versions) extend to the end of the datagram.

@@ -17,9 +17,9 @@ var (
 // Limits of the LB codec: a first octet, a 1-octet server ID and a nonce of
 // 4 or more octets, within QUIC v1's 20-octet CID limit.
 const (
-	LBDefaultLen = 12
-	LBMinLen     = 1 + 1 + 4
-	LBMaxLen     = MaxCIDLen
+	LBDefaultLen = 12        // the zero LB's length
+	LBMinLen     = 1 + 1 + 4 // first octet, server ID, 4-octet nonce
+	LBMaxLen     = MaxCIDLen // 20
 	// LBUnroutable is the config rotation codepoint 0b111 of CIDs that no
 	// load balancer can decode (draft-ietf-quic-load-balancers-21 §3.1).
 	LBUnroutable = 7

@@ -16,16 +16,16 @@ const (
 	// LBSinglePassNonceLen makes server ID + nonce one AES block: 17-octet
 	// CIDs, encrypted in one pass.
 	LBSinglePassNonceLen = lbBlockLen - 1
-	LBMinNonceLen        = lbMinNonceLen
-	LBMaxNonceLen        = lbMaxPlaintextLen - 1
+	LBMinNonceLen        = lbMinNonceLen         // 4: 6-octet CIDs
+	LBMaxNonceLen        = lbMaxPlaintextLen - 1 // 18: 20-octet CIDs
 )
 
 // LBKey is one configuration of an LBEncrypted codec: a config rotation
 // codepoint (0–6) and its AES-128 key. Its String method hides the key,
 // so that printing a configuration never logs it.
 type LBKey struct {
-	ConfigID uint8
-	Key      [16]byte
+	ConfigID uint8    // the CID's first three bits select it
+	Key      [16]byte // shared by every proxy and backend of the service
 }
 
 // String returns the config ID only.

@@ -9,21 +9,21 @@ import (
 // Errors wrapped by [Validate], [Registry.Update] and [DecodeBackends].
 // Test for them with errors.Is.
 var (
-	ErrReservedOrdinal  = errors.New("registry: ordinal 255 is reserved")
-	ErrInvalidOrdinal   = errors.New("registry: ordinal out of range 0-254")
-	ErrDuplicateOrdinal = errors.New("registry: duplicate ordinal")
-	ErrDuplicateAddr    = errors.New("registry: duplicate address")
-	ErrInvalidAddr      = errors.New("registry: invalid address")
-	ErrUnspecifiedAddr  = errors.New("registry: unspecified address")
-	ErrZeroPort         = errors.New("registry: zero port")
+	ErrReservedOrdinal  = errors.New("registry: ordinal 255 is reserved")    // 255 marks CIDs no backend issued
+	ErrInvalidOrdinal   = errors.New("registry: ordinal out of range 0-254") // a JSON ordinal outside 0-254
+	ErrDuplicateOrdinal = errors.New("registry: duplicate ordinal")          // two backends would own the same CIDs
+	ErrDuplicateAddr    = errors.New("registry: duplicate address")          // two ordinals at one address
+	ErrInvalidAddr      = errors.New("registry: invalid address")            // not a unicast IP address and port
+	ErrUnspecifiedAddr  = errors.New("registry: unspecified address")        // 0.0.0.0 or ::, nowhere to send to
+	ErrZeroPort         = errors.New("registry: zero port")                  // port 0, nowhere to send to
 	// ErrZeroWeight: a JSON backend says "weight": 0. In Go a zero Weight
 	// is the default 1; a file can say the default by leaving the key out,
 	// so an explicit 0 can only be meant as "no new sessions", which is
 	// what "state": "draining" says.
 	ErrZeroWeight   = errors.New("registry: zero weight")
-	ErrInvalidState = errors.New("registry: invalid state")
-	ErrEmptyList    = errors.New("registry: empty backend list (mark the backends gone instead)")
-	ErrDecode       = errors.New("registry: bad backend list")
+	ErrInvalidState = errors.New("registry: invalid state")                                       // not ready, draining or gone
+	ErrEmptyList    = errors.New("registry: empty backend list (mark the backends gone instead)") // usually a source's mistake, so refused
+	ErrDecode       = errors.New("registry: bad backend list")                                    // malformed JSON, or a key of the wrong type
 )
 
 // ErrConfig is wrapped by the errors of an invalid Config (New, NewStatic).

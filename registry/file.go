@@ -50,7 +50,7 @@ const DefaultReadTimeout = 5 * time.Second
 // The fields must not change once Run has started, and a File runs at most
 // once at a time. Reload is safe to call from any goroutine.
 type File struct {
-	Path        string
+	Path        string        // the JSON backend list to poll
 	Interval    time.Duration // polling period; 0 means 1s, at least 1ms
 	ReadTimeout time.Duration // bound on one read; 0 means DefaultReadTimeout
 	Logger      *slog.Logger  // nil means slog.Default()

@@ -279,7 +279,7 @@ func (r *Registry) Close() {
 
 // Stats is a point-in-time summary of a registry.
 type Stats struct {
-	Service string
+	Service string // Config.Service
 	// Version of the current snapshot.
 	Version uint64
 	// Updates accepted, updates rejected (by Update or Reject), and
@@ -288,8 +288,8 @@ type Stats struct {
 	// LastConfirmed is the time of the last accepted Update or Confirm (or
 	// of New); Age is how long ago that was.
 	LastConfirmed time.Time
-	Age           time.Duration
-	Stale         bool
+	Age           time.Duration // see LastConfirmed
+	Stale         bool          // not confirmed within the freshness limit: new sessions are refused
 	// Backends of the current snapshot by state: Ready by the source and
 	// up; Draining by the source; Down: ready by the source, marked down by
 	// a health checker (routed as draining); Gone.

@@ -42,6 +42,7 @@ func reject(u Updater) {
 // returns nil when ctx is done, or an error earlier if it cannot work at
 // all. Implement it to plug in Consul, etcd, DNS or anything else.
 type Source interface {
+	// Run feeds u until ctx is done, as described above.
 	Run(ctx context.Context, u Updater) error
 }
 

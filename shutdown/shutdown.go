@@ -36,6 +36,8 @@ type Drainer interface {
 	// Drain refuses new sessions at once and serves the open ones until
 	// they end or ctx is done; it closes those left and says how many.
 	Drain(ctx context.Context) (cut int)
+	// Close stops the server at once, when the drain is not wanted or
+	// could not start.
 	Close() error
 }
 

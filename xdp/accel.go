@@ -76,4 +76,5 @@ func (a *Accel) Stats() []cidroute.ServiceStats {
 // Program returns the loaded program, for its per-path counters (Passed).
 func (a *Accel) Program() *Program { return a.prog }
 
+// String describes the attachment, for logs.
 func (a *Accel) String() string { return fmt.Sprintf("xdp on %d interfaces", len(a.prog.links)) }

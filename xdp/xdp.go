@@ -27,7 +27,7 @@ import (
 
 // Limits of the program's maps (bpf/cidroute.c).
 const (
-	MaxServices = 64
+	MaxServices = 64 // services one Program serves
 	numSlots    = 32 // counter slots per service and direction
 	slotPassed  = 31
 	addrSlots   = 1024
@@ -155,8 +155,8 @@ func (p *Program) lookupForwarding() error {
 // Service is one service of a cidroute Pipeline as the program sees it.
 // ServiceOf fills one from the pipeline's configuration.
 type Service struct {
-	Name     string
-	Protocol cidroute.Protocol
+	Name     string            // cidroute.Service.Name, for its counters
+	Protocol cidroute.Protocol // picks the in-kernel classifier
 	// Codec is the service's CID codec: dtls.OrdinalFirst and quic.LB are
 	// decoded in the kernel; with any other codec every datagram of the
 	// service goes up to the pipeline.
@@ -169,7 +169,7 @@ type Service struct {
 	// (Pipeline.UpstreamAddrs): forwarded datagrams leave from the first
 	// one's port, and replies to any of them are the reverse path's.
 	Upstreams []netip.AddrPort
-	Backends  cidroute.Backends
+	Backends  cidroute.Backends // the Router's backends; each snapshot is copied into the maps
 	// MaxDatagram is the pipeline's limit (0 = 9216): larger datagrams go
 	// up, where they are counted as malformed.
 	MaxDatagram int
@@ -642,13 +642,13 @@ func (p *Program) Close() error {
 // them itself.
 type Counters struct {
 	cidroute.Counters
-	Passed uint64
+	Passed uint64 // handed up to the pipeline
 }
 
 // ServiceStats are a service's counters on the XDP path.
 type ServiceStats struct {
-	Name             string
-	Forward, Reverse Counters
+	Name             string   // Service.Name
+	Forward, Reverse Counters // client → backend, backend → client
 }
 
 // Stats sums the per-CPU counters of every service.

@@ -21,10 +21,10 @@ import "net/netip"
 // Addr is comparable and can be a map key. Both Addr and *Addr implement
 // net.Addr.
 type Addr struct {
-	Client  netip.AddrPort
-	Service netip.AddrPort
-	Proxy   netip.AddrPort
-	Local   bool
+	Client  netip.AddrPort // claimed by the proxy, or measured when direct
+	Service netip.AddrPort // the PPv2 destination; zero when direct
+	Proxy   netip.AddrPort // the measured proxy; zero when direct
+	Local   bool           // a PPv2 LOCAL datagram: a proxy's health probe
 }
 
 // Network returns "udp".

@@ -113,14 +113,15 @@ type Config struct {
 	// TrustedProxies are the networks whose datagrams may carry a PPv2
 	// header (the proxies' upstream addresses). A datagram with the
 	// signature from any other sender is dropped: its header is an
-	// assertion nobody vouches for.
+	// assertion nobody vouches for. Empty (the default) trusts nobody, not
+	// even loopback: set DefaultTrustedProxies() for proxies on this host.
 	TrustedProxies []netip.Prefix
 	// Direct is the policy for datagrams without the signature.
 	Direct DirectPolicy
 	// Protocol and CIDLen (the server's CID length; 0 = 8 for DTLS, 12
 	// for QUIC) let DirectNoHandshake classify payloads.
 	Protocol Protocol
-	CIDLen   int
+	CIDLen   int // see Protocol
 	// DropLocal drops PPv2 LOCAL datagrams (a proxy's own traffic, such as
 	// a health check). By default they are delivered as direct datagrams
 	// from the proxy, as the PROXY protocol specifies ("use the real
@@ -594,13 +595,19 @@ func (c *Conn) LocalAddr() net.Addr { return c.udp.LocalAddr() }
 // SetDeadline, SetReadDeadline and SetWriteDeadline set the socket's
 // deadlines. Datagrams already read in a batch are delivered before a read
 // deadline is noticed.
-func (c *Conn) SetDeadline(t time.Time) error      { return c.udp.SetDeadline(t) }
-func (c *Conn) SetReadDeadline(t time.Time) error  { return c.udp.SetReadDeadline(t) }
+func (c *Conn) SetDeadline(t time.Time) error { return c.udp.SetDeadline(t) }
+
+// SetReadDeadline sets the socket's read deadline (see SetDeadline).
+func (c *Conn) SetReadDeadline(t time.Time) error { return c.udp.SetReadDeadline(t) }
+
+// SetWriteDeadline sets the socket's write deadline.
 func (c *Conn) SetWriteDeadline(t time.Time) error { return c.udp.SetWriteDeadline(t) }
 
 // SetReadBuffer and SetWriteBuffer size the socket's buffers (quic-go
 // calls them, and would warn without them).
-func (c *Conn) SetReadBuffer(bytes int) error  { return c.udp.SetReadBuffer(bytes) }
+func (c *Conn) SetReadBuffer(bytes int) error { return c.udp.SetReadBuffer(bytes) }
+
+// SetWriteBuffer sizes the socket's send buffer (see SetReadBuffer).
 func (c *Conn) SetWriteBuffer(bytes int) error { return c.udp.SetWriteBuffer(bytes) }
 
 // SyscallConn returns the socket's raw connection, so that quic-go can

@@ -23,8 +23,12 @@
 //     start a session (DTLS ClientHello, QUIC Initial/0-RTT; so no new client
 //     bypasses the proxy tier), or drop all.
 //
-// DefaultTrustedProxies is loopback only; ParseTrustedProxies reads a list
-// of the proxies' networks from a flag. Every datagram is counted once
+// A zero Config trusts no proxy: every datagram with the signature is
+// dropped, so that a backend never believes a client address nobody was
+// named to vouch for. DefaultTrustedProxies returns the loopback networks,
+// for proxies on the backend's own host (the example backends use it as
+// their flag's default); ParseTrustedProxies reads a list of the proxies'
+// networks from a flag. Every datagram is counted once
 // (Stats). Reading allocates nothing in steady
 // state: ReadFrom hands out a shared *Addr per (client, service, proxy), and
 // ReadFromAddr returns the Addr by value.

@@ -14,8 +14,11 @@ import (
 // cidroute.CIDCodec satisfies it. It is declared here so that a quic-go
 // backend importing this package does not compile the proxy's Pipeline.
 type Codec interface {
+	// Len is the length of the CIDs the codec writes.
 	Len() int
+	// AppendCID appends a fresh CID that carries ordinal.
 	AppendCID(dst []byte, ordinal uint8) ([]byte, error)
+	// Ordinal reads the ordinal back; ok is false when cid carries none.
 	Ordinal(cid []byte) (ordinal uint8, ok bool)
 }
 

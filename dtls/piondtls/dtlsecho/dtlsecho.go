@@ -48,7 +48,7 @@ type Config struct {
 	// TrustedProxies and Direct are the PPv2 adapter's settings (see
 	// backend.Config).
 	TrustedProxies []netip.Prefix
-	Direct         backend.DirectPolicy
+	Direct         backend.DirectPolicy // see TrustedProxies
 	// Prefix is prepended to every echo, so a client can tell which server
 	// answered.
 	Prefix string
@@ -67,18 +67,18 @@ type Config struct {
 // A Message is one application record a session received. Data is valid
 // only during the Observe call.
 type Message struct {
-	Session uint64
+	Session uint64       // the Session's ID
 	From    backend.Addr // the session's peer when it arrived
-	Data    []byte
+	Data    []byte       // the record's plaintext
 }
 
 // A Session is what the server knows of one DTLS session.
 type Session struct {
-	ID          uint64
+	ID          uint64       // numbers the server's sessions from 1
 	First, Last backend.Addr // the peer at the start and now
-	Messages    int
-	Moves       int  // how often the peer changed (client or proxy)
-	Open        bool // not ended yet
+	Messages    int          // application records received
+	Moves       int          // how often the peer changed (client or proxy)
+	Open        bool         // not ended yet
 }
 
 // A Server is a running echo server. Its methods are safe for concurrent

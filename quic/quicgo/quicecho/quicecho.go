@@ -41,7 +41,7 @@ type Config struct {
 	// TrustedProxies and Direct are the PPv2 adapter's settings (see
 	// backend.Config).
 	TrustedProxies []netip.Prefix
-	Direct         backend.DirectPolicy
+	Direct         backend.DirectPolicy // see TrustedProxies
 	// Allow0RTT accepts 0-RTT data from resuming clients.
 	Allow0RTT bool
 	// SessionTicketKey, when set, encrypts the server's session tickets,
@@ -60,20 +60,20 @@ type Config struct {
 // A Message is one chunk a stream read. Data is valid only during the
 // Observe call.
 type Message struct {
-	Conn uint64
+	Conn uint64       // the Connection's ID
 	From backend.Addr // the connection's peer when it was read
-	Data []byte
+	Data []byte       // what the stream read
 }
 
 // A Connection is what the server knows of one QUIC connection.
 type Connection struct {
-	ID          uint64
+	ID          uint64       // numbers the server's connections from 1
 	First, Last backend.Addr // the peer at the start and now
-	Streams     int
-	Bytes       int64
-	Moves       int  // how often the peer changed (client or proxy)
-	Used0RTT    bool // the client resumed with 0-RTT (known once the handshake completed)
-	Open        bool
+	Streams     int          // streams accepted
+	Bytes       int64        // bytes its streams read (and echoed)
+	Moves       int          // how often the peer changed (client or proxy)
+	Used0RTT    bool         // the client resumed with 0-RTT (known once the handshake completed)
+	Open        bool         // not ended yet
 }
 
 // A Server is a running echo server. Its methods are safe for concurrent
