@@ -44,6 +44,31 @@ func TestLogLimitPerCause(t *testing.T) {
 	require.Contains(t, lines[3], "JSON syntax error")
 }
 
+// TestLogLimitTimeOrder: a held line is written with the time it is
+// written, after every line written before it, and says when it last
+// occurred: a flapping "stale" held for the window must not appear with
+// its old time after the "fresh" that followed it.
+func TestLogLimitTimeOrder(t *testing.T) {
+	var buf syncBuffer
+	log := newLogger(&buf, slog.LevelInfo, 300*time.Millisecond)
+	log.Warn("registry stale")
+	log.Info("registry fresh again")
+	log.Warn("registry stale") // held
+	time.Sleep(50 * time.Millisecond)
+	log.Info("unrelated")
+	waitFor(t, 5*time.Second, "the held line", func() bool { return strings.Count(buf.String(), "\n") == 4 })
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	var prev time.Time
+	for _, l := range lines {
+		at, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(strings.Fields(l)[0], "time="))
+		require.NoError(t, err, l)
+		require.False(t, at.Before(prev), "a line older than the one before it:\n%s", buf.String())
+		prev = at
+	}
+	require.Contains(t, lines[3], "registry stale")
+	require.Contains(t, lines[3], "last=")
+}
+
 // TestLogLimitEveryLevel: a repeated line is limited at every level, not
 // only warnings: "registry fresh again" flapping wrote 33,000 info lines
 // in 4 s. Times and durations in a line do not make it another line.

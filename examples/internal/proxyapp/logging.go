@@ -18,7 +18,10 @@ import (
 // was held back, its last occurrence is written at the end of the window
 // with suppressed=N, the number of others held back since the previous
 // line, and the window starts again: a line that repeats forever is written
-// once per window with its count.
+// once per window with its count. A held line is written with the time it
+// is written, so that the log stays in time order (a collector may refuse
+// or misplace an older line, and a reader takes the last line for the
+// current state), and the time of its last occurrence as last=.
 func newLogger(w io.Writer, level slog.Leveler, window time.Duration) *slog.Logger {
 	h := slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})
 	return slog.New(&limitHandler{Handler: h, st: &limitState{window: window, seen: map[string]*limitEntry{}}})
@@ -122,7 +125,11 @@ func (st *limitState) flush(key string) {
 	write(out, r, n)
 }
 
+// write writes the held record r, of which suppressed occurrences were
+// held back.
 func write(out slog.Handler, r slog.Record, suppressed int) {
+	r.AddAttrs(slog.Time("last", r.Time))
+	r.Time = time.Now()
 	if suppressed > 1 {
 		r.AddAttrs(slog.Int("suppressed", suppressed-1))
 	}
