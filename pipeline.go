@@ -116,7 +116,18 @@ type Config struct {
 	Logger *slog.Logger
 	// Wait is how workers wait for datagrams (WaitNetpoller by default).
 	Wait WaitMode
+	// MaxWorkers caps the workers of all services together, those that
+	// AddService adds included (0 = DefaultMaxWorkers). Each worker holds
+	// two sockets and, with WaitThread, a thread and a P of GOMAXPROCS:
+	// a configuration that asks for more fails rather than starve the
+	// host.
+	MaxWorkers int
 }
+
+// DefaultMaxWorkers is Config.MaxWorkers's default: far more than the
+// CPUs of any host one proxy serves (one worker per CPU is the
+// default), far fewer than would exhaust its threads.
+const DefaultMaxWorkers = 1024
 
 // DefaultBatchSize is Config.BatchSize's default: 64 datagrams a syscall.
 // Flat out, against 32, it took cidproxy from 1.08× to 1.03× the CPU per
@@ -191,6 +202,12 @@ func New(cfg Config) (*Pipeline, error) {
 	if cfg.Wait > WaitThread {
 		return fail(fmt.Errorf("wait mode %d: %w", cfg.Wait, ErrConfig))
 	}
+	if cfg.MaxWorkers == 0 {
+		cfg.MaxWorkers = DefaultMaxWorkers
+	}
+	if cfg.MaxWorkers < 1 {
+		return fail(fmt.Errorf("max workers %d: %w", cfg.MaxWorkers, ErrConfig))
+	}
 	p := &Pipeline{log: cfg.Logger, cfg: cfg, serving: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	if p.log == nil {
 		p.log = slog.Default()
@@ -205,6 +222,9 @@ func New(cfg Config) (*Pipeline, error) {
 		if err := sc.validate(); err != nil {
 			return fail(fmt.Errorf("service %s: %w", sc.Name, err))
 		}
+	}
+	if err := checkWorkers(svcs, cfg.MaxWorkers); err != nil {
+		return fail(err)
 	}
 	if err := sizeSessions(svcs); err != nil {
 		return fail(err)
@@ -252,6 +272,9 @@ func (p *Pipeline) AddService(sc Service) error {
 		all = append(all, s.cfg)
 	}
 	all = append(all, sc)
+	if err := checkWorkers(all, p.cfg.MaxWorkers); err != nil {
+		return fail(err)
+	}
 	if err := sizeSessions(all); err != nil {
 		return fail(err)
 	}
@@ -916,6 +939,18 @@ func (p *Pipeline) Run(ctx context.Context) error {
 // read: a successor in a restart handover waits for it before it tells
 // its predecessor to stop reading the sockets they share.
 func (p *Pipeline) Serving() <-chan struct{} { return p.serving }
+
+// checkWorkers refuses services whose workers, together, exceed max.
+func checkWorkers(svcs []Service, limit int) error {
+	n := 0
+	for _, sc := range svcs {
+		n += max(sc.Workers, len(sc.Conns))
+	}
+	if n > limit {
+		return fmt.Errorf("%d workers in all services, more than the %d allowed (Config.MaxWorkers): %w", n, limit, ErrConfig)
+	}
+	return nil
+}
 
 // raiseProcs gives every thread that WaitThread holds, this Pipeline's and
 // any other's in the process, a P of its own, and one for the rest of the

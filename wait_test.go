@@ -150,3 +150,25 @@ func TestDefaultWorkersFromStart(t *testing.T) {
 		assert.Len(t, p.service(name).workers, startProcs, name)
 	}
 }
+
+// TestMaxWorkers: the workers of all services together are capped, in New
+// and when AddService adds a service (a reload), with a configuration
+// error that names the cap.
+func TestMaxWorkers(t *testing.T) {
+	svc := func(name string, workers int) Service {
+		return Service{Name: name, Listen: netip.MustParseAddrPort("127.0.0.1:0"), Workers: workers,
+			RouterConfig: RouterConfig{Protocol: DTLS, Backends: newRegistry(t, 1)}}
+	}
+	_, err := New(Config{Logger: quietLog, MaxWorkers: 3, Services: []Service{svc("a", 2), svc("b", 2)}})
+	require.ErrorIs(t, err, ErrConfig)
+	assert.ErrorContains(t, err, "4 workers in all services, more than the 3 allowed")
+	p, err := New(Config{Logger: quietLog, MaxWorkers: 3, Services: []Service{svc("a", 2)}})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, p.AddService(svc("b", 1)))
+	err = p.AddService(svc("c", 1))
+	require.ErrorIs(t, err, ErrConfig)
+	assert.Len(t, p.Stats(), 2, "the refused service was not added")
+	_, err = New(Config{Logger: quietLog, Services: []Service{svc("a", 256), svc("b", 256), svc("c", 256), svc("d", 256), svc("e", 1)}})
+	assert.ErrorContains(t, err, "1025 workers in all services, more than the 1024 allowed", "DefaultMaxWorkers")
+}
