@@ -251,37 +251,82 @@ func TestTransparentFlowLimit(t *testing.T) {
 	assert.Equal(t, uint64(1), s.Forward.Dropped[SessionLimit])
 }
 
-// TestSizeSessions (issue 15 #3): transparent tables are sized from
-// RLIMIT_NOFILE, and a MaxSessions that cannot fit is refused.
-func TestSizeSessions(t *testing.T) {
-	svc := func(workers, max int) Service {
-		return Service{Name: "t", Workers: workers, MaxSessions: max, RouterConfig: RouterConfig{Transparent: true}}
+// TestTransparentEvictsQuietest (issue 35): a full table makes room for a
+// new flow by expiring the session quiet the longest, once it has been
+// silent for a quarter of SessionIdle, not a whole one; a flow that keeps
+// talking keeps its session; the eviction is counted.
+func TestTransparentEvictsQuietest(t *testing.T) {
+	tp, _ := startTransparent(t, 3, func(s *Service) { s.Workers, s.MaxSessions, s.SessionIdle = 1, 2, 4*time.Second })
+	codec := tp.router().Codec()
+	talker, quiet, late := newClient(t), newClient(t), newClient(t)
+	require.Equal(t, 0, talker.ask(tp.addr(), dtlsCIDRecord(ordinalCID(t, codec, 0), 1, []byte("x"))))
+	require.Equal(t, 1, quiet.ask(tp.addr(), dtlsCIDRecord(ordinalCID(t, codec, 1), 1, []byte("x"))))
+	require.Equal(t, -1, late.ask(tp.addr(), dtlsCIDRecord(ordinalCID(t, codec, 2), 1, []byte("x"))), "full, and nobody quiet for long")
+	for i := range 12 { // 2.4 s: the quiet session's silence passes a quarter of SessionIdle
+		time.Sleep(200 * time.Millisecond)
+		require.Equal(t, 0, talker.ask(tp.addr(), dtlsCIDRecord(ordinalCID(t, codec, 0), uint64(i+2), []byte("x"))))
 	}
+	require.Equal(t, 2, late.ask(tp.addr(), dtlsCIDRecord(ordinalCID(t, codec, 2), 2, []byte("y"))), "the quietest session made room")
+	require.Equal(t, 0, talker.ask(tp.addr(), dtlsCIDRecord(ordinalCID(t, codec, 0), 20, []byte("z"))), "the talking flow kept its session")
+	s := tp.quiet(t)
+	assert.Equal(t, 2, s.Sessions)
+	assert.Equal(t, uint64(1), s.SessionsEvicted)
+	assert.Equal(t, uint64(1), s.Forward.Dropped[SessionLimit])
+}
+
+// TestSizeSessions (issue 15 #3, issue 35): transparent tables are sized
+// from RLIMIT_NOFILE and the session memory, and a MaxSessions that fits
+// either not is refused.
+func TestSizeSessions(t *testing.T) {
+	const roomy = 1 << 40 // a session memory that bounds nothing
+	svc := func(workers, max int) Service {
+		return Service{Name: "t", Workers: workers, MaxSessions: max, SessionMemory: roomy, RouterConfig: RouterConfig{Transparent: true}}
+	}
+	size := func(svcs []Service, limit uint64, ok bool) error { return sizeSessionsFor(svcs, limit, ok, 9216) }
 	// 256 descriptors: 64 reserved, 2 service sockets, 1 watcher: 189
 	// sessions for two workers.
 	svcs := []Service{svc(2, 0)}
-	require.NoError(t, sizeSessionsFor(svcs, 256, true))
+	require.NoError(t, size(svcs, 256, true))
 	assert.Equal(t, 94, svcs[0].MaxSessions)
 	// Beside a PPv2 service of 2 workers (4 sockets).
 	svcs = []Service{svc(2, 0), {Name: "p", Workers: 2}}
-	require.NoError(t, sizeSessionsFor(svcs, 256, true))
+	require.NoError(t, size(svcs, 256, true))
 	assert.Equal(t, 92, svcs[0].MaxSessions)
 	// A large limit: an eighth is reserved, and the cap applies.
 	svcs = []Service{svc(1, 0)}
-	require.NoError(t, sizeSessionsFor(svcs, 1<<20, true))
+	require.NoError(t, size(svcs, 1<<20, true))
 	assert.Equal(t, DefaultMaxSessions, svcs[0].MaxSessions)
 	svcs = []Service{svc(4, 0)}
-	require.NoError(t, sizeSessionsFor(svcs, 4096, true))
+	require.NoError(t, size(svcs, 4096, true))
 	assert.Equal(t, (4096-512-5)/4, svcs[0].MaxSessions)
 	// Configured tables must fit.
-	require.NoError(t, sizeSessionsFor([]Service{svc(2, 94)}, 256, true))
-	require.ErrorIs(t, sizeSessionsFor([]Service{svc(2, 95)}, 256, true), ErrConfig)
-	require.ErrorIs(t, sizeSessionsFor([]Service{svc(1, 65536)}, 1024, true), ErrConfig)
-	require.ErrorIs(t, sizeSessionsFor([]Service{svc(1, 0)}, 64, true), ErrConfig, "no room at all")
+	require.NoError(t, size([]Service{svc(2, 94)}, 256, true))
+	require.ErrorIs(t, size([]Service{svc(2, 95)}, 256, true), ErrConfig)
+	require.ErrorIs(t, size([]Service{svc(1, 65536)}, 1024, true), ErrConfig)
+	require.ErrorIs(t, size([]Service{svc(1, 0)}, 64, true), ErrConfig, "no room at all")
 	// No limit known: the old default.
 	svcs = []Service{svc(1, 0)}
-	require.NoError(t, sizeSessionsFor(svcs, 0, false))
+	require.NoError(t, size(svcs, 0, false))
 	assert.Equal(t, DefaultMaxSessions, svcs[0].MaxSessions)
+
+	// The memory: by default DefaultSessionMemory, shared by the workers,
+	// however many descriptors the limit allows (100k spoofed sources
+	// once took 17,496 sessions and 190 MB with a limit of 1,048,576).
+	per := SessionBytes(9216)
+	svcs = []Service{{Name: "t", Workers: 2, RouterConfig: RouterConfig{Transparent: true}}}
+	require.NoError(t, size(svcs, 1<<20, true))
+	assert.Equal(t, DefaultSessionMemory/per/2, svcs[0].MaxSessions)
+	svcs = []Service{{Name: "t", Workers: 1, SessionMemory: 10 << 20, RouterConfig: RouterConfig{Transparent: true}}}
+	require.NoError(t, size(svcs, 0, false))
+	assert.Equal(t, 10<<20/per, svcs[0].MaxSessions)
+	err := size([]Service{{Name: "t", Workers: 2, MaxSessions: 400, SessionMemory: 10 << 20, RouterConfig: RouterConfig{Transparent: true}}}, 1<<20, true)
+	require.ErrorIs(t, err, ErrConfig)
+	assert.ErrorContains(t, err, "more than the session memory of 10 MiB")
+	require.ErrorIs(t, size([]Service{{Name: "t", Workers: 1, SessionMemory: 1000, RouterConfig: RouterConfig{Transparent: true}}}, 0, false), ErrConfig)
+	// A smaller MaxDatagram makes sessions cheaper.
+	svcs = []Service{{Name: "t", Workers: 1, SessionMemory: 10 << 20, RouterConfig: RouterConfig{Transparent: true}}}
+	require.NoError(t, sizeSessionsFor(svcs, 0, false, 1500))
+	assert.Equal(t, 10<<20/SessionBytes(1500), svcs[0].MaxSessions)
 }
 
 // TestConfigErrorsWrapErrConfig: every configuration error wraps ErrConfig,

@@ -81,6 +81,11 @@ type Service struct {
 	// SessionIdle is how long a transparent session lives without traffic
 	// (0 = DefaultSessionIdle, 2 minutes; at least MinSessionIdle).
 	SessionIdle time.Duration
+	// SessionMemory bounds the memory of the service's transparent
+	// sessions, all workers together, in bytes (0 = DefaultSessionMemory).
+	// A session costs SessionBytes(Config.MaxDatagram): a 0 MaxSessions
+	// is sized to fit it, and New refuses a MaxSessions that does not.
+	SessionMemory int64
 
 	// EarlyDrop attaches a socket filter to the service's sockets that
 	// drops, in the kernel before they take room in the socket's queue,
@@ -226,7 +231,7 @@ func New(cfg Config) (*Pipeline, error) {
 	if err := checkWorkers(svcs, cfg.MaxWorkers); err != nil {
 		return fail(err)
 	}
-	if err := sizeSessions(svcs); err != nil {
+	if err := sizeSessions(svcs, cfg.MaxDatagram); err != nil {
 		return fail(err)
 	}
 	for i, sc := range svcs {
@@ -275,7 +280,7 @@ func (p *Pipeline) AddService(sc Service) error {
 	if err := checkWorkers(all, p.cfg.MaxWorkers); err != nil {
 		return fail(err)
 	}
-	if err := sizeSessions(all); err != nil {
+	if err := sizeSessions(all, p.cfg.MaxDatagram); err != nil {
 		return fail(err)
 	}
 	sc = all[len(all)-1]
@@ -318,8 +323,8 @@ func (sc *Service) validate() error {
 		return fmt.Errorf("workers %d: %w", sc.Workers, ErrConfig)
 	case sc.RecvBuffer < 0 || sc.SendBuffer < 0:
 		return fmt.Errorf("buffer sizes %d/%d: %w", sc.RecvBuffer, sc.SendBuffer, ErrConfig)
-	case sc.MaxSessions < 0 || sc.SessionIdle < 0 || (!sc.Transparent && (sc.MaxSessions != 0 || sc.SessionIdle != 0)):
-		return fmt.Errorf("max sessions %d, session idle %v (transparent mode only): %w", sc.MaxSessions, sc.SessionIdle, ErrConfig)
+	case sc.MaxSessions < 0 || sc.SessionIdle < 0 || sc.SessionMemory < 0 || (!sc.Transparent && (sc.MaxSessions != 0 || sc.SessionIdle != 0 || sc.SessionMemory != 0)):
+		return fmt.Errorf("max sessions %d, session idle %v, session memory %d (transparent mode only): %w", sc.MaxSessions, sc.SessionIdle, sc.SessionMemory, ErrConfig)
 	case sc.SessionIdle != 0 && sc.SessionIdle < MinSessionIdle:
 		return fmt.Errorf("session idle %v: want 0 (default %v) or at least %v: %w", sc.SessionIdle, DefaultSessionIdle, MinSessionIdle, ErrConfig)
 	case !sc.Listen.IsValid():
@@ -368,14 +373,14 @@ func (sc *Service) checkConns() error {
 // sizeSessions gives each transparent service without MaxSessions its
 // share of the descriptors RLIMIT_NOFILE leaves, and refuses tables that
 // cannot fit it (see Service.MaxSessions).
-func sizeSessions(svcs []Service) error {
+func sizeSessions(svcs []Service, maxDatagram int) error {
 	limit, ok := fdLimit()
-	return sizeSessionsFor(svcs, limit, ok)
+	return sizeSessionsFor(svcs, limit, ok, maxDatagram)
 }
 
 // sizeSessionsFor is sizeSessions for a limit of limit descriptors (ok
 // false: no limit).
-func sizeSessionsFor(svcs []Service, limit uint64, ok bool) error {
+func sizeSessionsFor(svcs []Service, limit uint64, ok bool, maxDatagram int) error {
 	own, workers, configured := 0, 0, 0
 	for _, sc := range svcs {
 		own += sc.Workers // service sockets
@@ -394,14 +399,29 @@ func sizeSessionsFor(svcs []Service, limit uint64, ok bool) error {
 	if need := fdReserve(limit) + uint64(own); ok && limit > need {
 		budget = limit - need
 	}
+	per := int64(SessionBytes(maxDatagram))
 	for i := range svcs {
 		sc := &svcs[i]
+		if !sc.Transparent {
+			continue
+		}
+		mem := sc.SessionMemory
+		if mem == 0 {
+			mem = DefaultSessionMemory
+		}
+		fit := mem / (per * int64(sc.Workers)) // sessions per worker the memory holds
+		if sc.MaxSessions != 0 && int64(sc.MaxSessions) > fit {
+			return fmt.Errorf("service %s: max sessions %d × %d workers × %d bytes a session (max datagram %d) need %d MiB, more than the session memory of %d MiB: %w",
+				sc.Name, sc.MaxSessions, sc.Workers, per, maxDatagram, int64(sc.MaxSessions)*int64(sc.Workers)*per>>20, mem>>20, ErrConfig)
+		}
+		if fit == 0 {
+			return fmt.Errorf("service %s: a session memory of %d bytes holds no session of %d bytes on each of %d workers: %w", sc.Name, mem, per, sc.Workers, ErrConfig)
+		}
 		switch {
-		case !sc.Transparent:
 		case !ok && sc.MaxSessions == 0:
-			sc.MaxSessions = DefaultMaxSessions
+			sc.MaxSessions = int(min(DefaultMaxSessions, fit))
 		case sc.MaxSessions == 0:
-			sc.MaxSessions = int(min(budget/uint64(workers), DefaultMaxSessions))
+			sc.MaxSessions = int(min(budget/uint64(workers), DefaultMaxSessions, uint64(fit)))
 			if sc.MaxSessions == 0 {
 				return fmt.Errorf("service %s: RLIMIT_NOFILE %d leaves no descriptors for transparent sessions (reserve %d, own sockets %d): %w",
 					sc.Name, limit, fdReserve(limit), own, ErrConfig)
@@ -829,6 +849,7 @@ func (p *Pipeline) Stats() []ServiceStats {
 			w.fwd.load(&out[i].Forward)
 			w.rp.rev.load(&out[i].Reverse)
 			out[i].Sessions += w.up.sessions()
+			out[i].SessionsEvicted += w.up.evicted()
 			addQueue(&out[i].Forward, w.in)
 			w.up.queue(&out[i].Reverse)
 		}

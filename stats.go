@@ -116,6 +116,9 @@ type ServiceStats struct {
 	// mode): a datagram of a new flow finding its worker's table full is
 	// dropped as SessionLimit.
 	Sessions, MaxSessions int
+	// SessionsEvicted counts the transparent sessions a full table
+	// expired early, the quietest first, to make room for new flows.
+	SessionsEvicted uint64
 }
 
 // liveCounters is one worker's counters for one direction. The worker adds

@@ -25,13 +25,14 @@ import (
 // sessions with two backends at once (quic-go's Transport runs several
 // connections on one socket), and each keeps its own upstream socket.
 //
-// When the table is full, datagrams of new flows are dropped
-// (SessionLimit) rather than evicting a live session: under a flood of
-// spoofed sources, eviction would cut established sessions, refusal only
-// delays new ones until idle entries expire. A CID client that rebinds is
-// a new flow too, so a full table also holds it back until an entry
-// expires; size MaxSessions for the clients plus their rebinds within
-// SessionIdle.
+// When the table is full, a new flow makes room by expiring early the
+// sessions quiet the longest, oldest first, among those silent for at
+// least a quarter of SessionIdle (counted: ServiceStats.SessionsEvicted);
+// when there are none, its datagram is dropped (SessionLimit). So a flood
+// of spoofed sources, each sending once, cannot hold the table for a whole
+// SessionIdle, and it cannot evict a session that keeps talking. A CID
+// client that rebinds is a new flow too; size MaxSessions for the clients
+// plus their rebinds within SessionIdle.
 
 // Transparent-mode defaults.
 const (
@@ -41,6 +42,9 @@ const (
 	// DefaultSessionIdle is how long a session lives without a datagram
 	// in either direction when Service.SessionIdle is 0.
 	DefaultSessionIdle = 2 * time.Minute
+	// DefaultSessionMemory is Service.SessionMemory's default: 256 MiB,
+	// about 18,700 sessions of the default 9216-byte MaxDatagram.
+	DefaultSessionMemory = 256 << 20
 	// MinSessionIdle is the shortest SessionIdle New accepts: a session
 	// that expires faster than a client's pause between datagrams is no
 	// session, each expiry and re-creation costs a socket, and the expiry
@@ -49,10 +53,19 @@ const (
 	MinSessionIdle = time.Second
 )
 
-// A session costs one socket (fd), one relay goroutine and its receive
-// buffer of Config.MaxDatagram bytes: about 14 KB with the default 9216,
-// measured in examples/e2e (BenchmarkTransparentSessions). Lower
-// MaxDatagram to shrink it.
+// SessionBytes is what a transparent session holds in memory with a
+// Config.MaxDatagram of maxDatagram (0: the default): its receive buffer,
+// and a relay goroutine's stack and the session's state, about 5 KiB
+// (examples/e2e's BenchmarkTransparentSessions measured 10.0–10.4 KB of
+// heap and ~4 KB of stack a session with the default 9216; the kernel's
+// ~3.8 KB for the socket are not in the process's memory). It also holds
+// one file descriptor. Lower MaxDatagram to shrink it.
+func SessionBytes(maxDatagram int) int {
+	if maxDatagram == 0 {
+		maxDatagram = 9216
+	}
+	return maxDatagram + 5<<10
+}
 
 // fdReserve is how many file descriptors session tables leave for
 // everything else a process needs besides the pipeline's own sockets: the
@@ -70,18 +83,19 @@ type flow struct{ client, backend netip.AddrPort }
 // goroutine adds and uses entries; serve expires them; each session's
 // goroutine relays its replies.
 type sessionTable struct {
-	rp       *replies
-	max      int
-	idle     int64 // ns
-	bufSize  int
-	mu       sync.Mutex
-	closed   bool // under mu: no session opens after close
-	table    map[flow]*session
-	count    atomic.Int64
-	now      atomic.Int64 // coarse clock, advanced by serve
-	wg       sync.WaitGroup
-	stop     chan struct{}
-	stopOnce sync.Once
+	rp        *replies
+	max       int
+	idle      int64 // ns
+	evictions atomic.Uint64
+	bufSize   int
+	mu        sync.Mutex
+	closed    bool // under mu: no session opens after close
+	table     map[flow]*session
+	count     atomic.Int64
+	now       atomic.Int64 // coarse clock, advanced by serve
+	wg        sync.WaitGroup
+	stop      chan struct{}
+	stopOnce  sync.Once
 }
 
 type session struct {
@@ -130,7 +144,7 @@ func (t *sessionTable) session(f flow, local netip.Addr, now int64) (*session, R
 		s.seen.Store(now)
 		return s, Forwarded
 	}
-	if len(t.table) >= t.max {
+	if len(t.table) >= t.max && !t.evictLocked(now) {
 		return nil, SessionLimit
 	}
 	conn, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(f.backend))
@@ -155,6 +169,33 @@ func (t *sessionTable) session(f flow, local netip.Addr, now int64) (*session, R
 		t.relay(s)
 	}()
 	return s, Forwarded
+}
+
+// evictLocked makes room in a full table: it expires the sessions quiet
+// the longest, those in the oldest quarter of the span between the
+// oldest's last datagram and now, among the ones silent for at least a
+// quarter of SessionIdle. One scan frees a share of the table, so a flood
+// of new flows costs a scan per many sessions, not per datagram. It
+// reports whether it freed any. The caller holds mu.
+func (t *sessionTable) evictLocked(now int64) bool {
+	quiet := now - t.idle/4 // sessions seen after it keep their place
+	oldest := quiet + 1
+	for _, s := range t.table {
+		oldest = min(oldest, s.seen.Load())
+	}
+	if oldest > quiet {
+		return false
+	}
+	cut := oldest + (quiet-oldest)/4
+	n := 0
+	for _, s := range t.table {
+		if s.seen.Load() <= cut {
+			t.drop(s)
+			n++
+		}
+	}
+	t.evictions.Add(uint64(n))
+	return n > 0
 }
 
 // drop closes s; its relay goroutine ends. The caller holds mu.
@@ -252,4 +293,5 @@ func (t *sessionTable) relayBatch() (int, error, error) { return 0, nil, nil }
 // counted.
 func (t *sessionTable) queue(*Counters) {}
 
-func (t *sessionTable) sessions() int { return int(t.count.Load()) }
+func (t *sessionTable) sessions() int   { return int(t.count.Load()) }
+func (t *sessionTable) evicted() uint64 { return t.evictions.Load() }

@@ -129,7 +129,7 @@ func TestTransparentDefaults(t *testing.T) {
 	// A round trip, so that Run has started before the test's Close.
 	require.Equal(t, 0, newClient(t).ask(tp.addr(), dtlsClientHello(1)))
 	svcs := []Service{{Name: "svc", Workers: 2, RouterConfig: RouterConfig{Transparent: true}}}
-	require.NoError(t, sizeSessions(svcs))
+	require.NoError(t, sizeSessions(svcs, 9216))
 	want := svcs[0].MaxSessions
 	require.Positive(t, want)
 	require.LessOrEqual(t, want, DefaultMaxSessions)

@@ -78,7 +78,8 @@ func (u *sharedUpstream) addrs() []netip.AddrPort {
 	return []netip.AddrPort{u.conn.LocalAddr().(*net.UDPAddr).AddrPort()}
 }
 
-func (u *sharedUpstream) sessions() int { return 0 }
+func (u *sharedUpstream) sessions() int   { return 0 }
+func (u *sharedUpstream) evicted() uint64 { return 0 }
 
 // replies is what both upstreams share to relay replies: the reverse rule
 // and the service socket. It holds no pointer to the worker.

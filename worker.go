@@ -80,8 +80,10 @@ type upstream interface {
 	// addrs returns the addresses of the sockets that receive replies
 	// (none for transparent sessions, whose sockets are connected).
 	addrs() []netip.AddrPort
-	// sessions returns the number of transparent sessions.
+	// sessions returns the number of transparent sessions, and evicted
+	// how many a full table expired early.
 	sessions() int
+	evicted() uint64
 	// queue adds the kernel's drops and queue of the sockets that
 	// receive replies to c (none for transparent sessions).
 	queue(c *Counters)

@@ -75,6 +75,9 @@ var (
 	descSessionsMax = prometheus.NewDesc("cidroute_sessions_max",
 		"Transparent-mode session tables' capacity, summed over the service's workers; 0 with PROXY protocol.",
 		[]string{"service"}, nil)
+	descEvicted = prometheus.NewDesc("cidroute_sessions_evicted_total",
+		"Transparent-mode sessions a full table expired early, the quietest first, to make room for a new flow.",
+		[]string{"service"}, nil)
 	descBackends = prometheus.NewDesc("cidroute_registry_backends",
 		"Backends in the service's current registry snapshot, by state: ready, draining, down (ready by the source, marked down by health probes) and gone.",
 		[]string{"service", "state"}, nil)
@@ -116,7 +119,7 @@ var (
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descSessions, descSessionsMax,
-		descBackends, descAge, descStale, descRejected, descVersion, descProbes, descProbeUp, descProbeRTT,
+		descEvicted, descBackends, descAge, descStale, descRejected, descVersion, descProbes, descProbeUp, descProbeRTT,
 		descKernelDrops, descQueued, descQueueLimit, descBatch} {
 		ch <- d
 	}
@@ -128,6 +131,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range stats {
 		ch <- gauge(descSessions, float64(s.Sessions), s.Name)
 		ch <- gauge(descSessionsMax, float64(s.MaxSessions), s.Name)
+		ch <- counter(descEvicted, float64(s.SessionsEvicted), s.Name)
 		datagrams(ch, s, pathSocket)
 		sockets(ch, s)
 	}

@@ -12,6 +12,7 @@
 //	cidroute_datagrams_total{service, direction, outcome, reason, path}
 //	cidroute_datagrams_received_total{service, direction, path}
 //	cidroute_sessions{service}, cidroute_sessions_max{service}
+//	cidroute_sessions_evicted_total{service}
 //	cidroute_registry_backends{service, state}
 //	cidroute_registry_snapshot_age_seconds{service}
 //	cidroute_registry_stale{service}
