@@ -310,7 +310,7 @@ func (r *Registries) AddService(sc Service, o Options) (cidroute.Service, error)
 	if slices.ContainsFunc(r.services, func(s *service) bool { return s.name == sc.Name }) {
 		return cidroute.Service{}, fmt.Errorf("service %q: already running", sc.Name)
 	}
-	s, def, err := r.build(r.seed, sc, o, log.With("service", sc.Name))
+	s, def, err := r.build(nil, sc, o, log.With("service", sc.Name))
 	if err != nil {
 		return cidroute.Service{}, fmt.Errorf("service %q: %w", sc.Name, err)
 	}
