@@ -74,7 +74,9 @@ func (c *Config) Validate(o Options) error {
 		}
 	}
 	return c.checkOwnBackends(func(i int) []registry.Backend { return c.Services[i].Backends },
-		func(i, k int) *Error { return c.serviceErr(c.Services[i], fmt.Sprintf("backends[%d].address", k), "", "", nil) })
+		func(i, k int) *Error {
+			return c.serviceErr(c.Services[i], fmt.Sprintf("backends[%d].address", k), "", "", nil)
+		})
 }
 
 // checkOwnBackends applies cidroute.CheckBackends to the services, with
