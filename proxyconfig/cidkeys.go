@@ -39,7 +39,7 @@ func parseCIDCodec(src *source, path string, fs *fileService, s *Service) error 
 	case "":
 		for _, key := range []string{"cid_nonce_length", "cid_keys_file"} {
 			if src.has(at(key)) {
-				return src.err(at(key), fmt.Sprintf("applies only with \"cid_codec\": %q", codecEncrypted), fmt.Sprintf("add \"cid_codec\": %q, or remove it", codecEncrypted))
+				return src.keyErr(at(key), fmt.Sprintf("applies only with \"cid_codec\": %q", codecEncrypted), fmt.Sprintf("add \"cid_codec\": %q, or remove it", codecEncrypted))
 			}
 		}
 		return nil

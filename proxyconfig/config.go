@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -344,7 +345,7 @@ func parseService(src *source, path string) (Service, error) {
 	s.Transparent = fs.ProxyProtocol != nil && !*fs.ProxyProtocol
 	for _, key := range []string{"max_sessions", "session_idle"} {
 		if !s.Transparent && src.has(at(key)) {
-			return fail(key, "applies only in transparent mode", `add "proxy_protocol": false, or remove it`)
+			return s, src.keyErr(at(key), "applies only in transparent mode", `add "proxy_protocol": false, or remove it`)
 		}
 	}
 	if fs.MaxSessions < 0 {
@@ -378,14 +379,15 @@ func parseService(src *source, path string) (Service, error) {
 	if s.MaxAge, err = parseDuration(src, at("max_registry_age"), fs.MaxRegistryAge, minRegistryAge, true); err != nil {
 		return s, err
 	}
-	var given []string
+	var given []string // in the file's order
 	for _, key := range []string{"backends", "backends_file", "kubernetes"} {
 		if src.has(at(key)) {
 			given = append(given, key)
 		}
 	}
+	slices.SortFunc(given, func(a, b string) int { return src.nodes[at(a)].val - src.nodes[at(b)].val })
 	if len(given) > 1 {
-		return fail(given[1], fmt.Sprintf("%q is given too", given[0]), `give exactly one of "backends", "backends_file" and "kubernetes"`)
+		return s, src.keyErr(at(given[1]), fmt.Sprintf("%q is given too", given[0]), `give exactly one of "backends", "backends_file" and "kubernetes"`)
 	}
 	switch {
 	case fs.Kubernetes != nil:
@@ -405,7 +407,7 @@ func parseService(src *source, path string) (Service, error) {
 		return fail("unroutable", fmt.Sprintf("%q is not a policy", fs.Unroutable), "write "+want(at("unroutable")))
 	}
 	if fs.Unroutable != "" && s.Protocol != cidroute.QUIC {
-		return fail("unroutable", "applies to QUIC services only (a DTLS CID has no unroutable marker)", "remove it")
+		return s, src.keyErr(at("unroutable"), "applies to QUIC services only (a DTLS CID has no unroutable marker)", "remove it")
 	}
 	if err := parseHealthCheck(src, at("health_check"), fs.HealthCheck, &s); err != nil {
 		return s, err

@@ -423,11 +423,11 @@ func (s *source) typeError(key string, t reflect.Type) *Error {
 	if fix == "" {
 		fix = "write " + want(key)
 	}
-	return s.err(key, fmt.Sprintf("%s is %s", shorten(raw), jsonKind(raw)), fix)
+	return s.err(key, fmt.Sprintf("%s is %s", shorten(raw), jsonKind(raw, t)), fix)
 }
 
-// jsonKind names the JSON kind of a value as written.
-func jsonKind(raw string) string {
+// jsonKind names what is wrong with a value as written, decoded into t.
+func jsonKind(raw string, t reflect.Type) string {
 	switch {
 	case raw == "":
 		return "missing"
@@ -441,6 +441,13 @@ func jsonKind(raw string) string {
 		return "a boolean"
 	case raw == "null":
 		return "null"
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int64, reflect.Uint64, reflect.Uint8, reflect.Uint32:
+	default:
+		return "a number"
+	}
+	switch {
 	case strings.ContainsAny(raw, ".eE"):
 		return "not a whole number"
 	case raw[0] == '-':
