@@ -4,6 +4,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -35,3 +36,24 @@ func TestEveryKeyDocumented(t *testing.T) {
 		require.True(t, known[m[1]], "docs/configuration.md documents %q, which the decoder does not know", m[1])
 	}
 }
+
+// TestReferenceExamples: the configurations the reference and cidproxy's
+// README show are valid.
+func TestReferenceExamples(t *testing.T) {
+	n := 0
+	for _, path := range []string{"../docs/configuration.md", "../examples/cidproxy/README.md"} {
+		doc, err := os.ReadFile(path)
+		require.NoError(t, err)
+		for _, m := range jsonBlock.FindAllStringSubmatch(string(doc), -1) {
+			if !strings.Contains(m[1], `"services"`) {
+				continue // the key file's
+			}
+			_, err := Parse(strings.NewReader(m[1]))
+			require.NoError(t, err, "%s:\n%s", path, m[1])
+			n++
+		}
+	}
+	require.Equal(t, 2, n)
+}
+
+var jsonBlock = regexp.MustCompile("(?s)```json\n(.*?)```")

@@ -158,3 +158,14 @@ func TestUsageNamesReference(t *testing.T) {
 	require.Contains(t, errOut, "docs/configuration.md")
 	require.Contains(t, errOut, "-check")
 }
+
+// TestReferenceShowsTheMessages: docs/configuration.md shows each
+// mistake's message as TestConfigMistakes finds it.
+func TestReferenceShowsTheMessages(t *testing.T) {
+	doc, err := os.ReadFile("../../../docs/configuration.md")
+	require.NoError(t, err)
+	for _, tt := range configMistakes {
+		want := strings.ReplaceAll(tt.want, "dir/", "/etc/cidproxy/")
+		require.Contains(t, string(doc), "| `"+want+"` |", tt.name)
+	}
+}
