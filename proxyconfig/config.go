@@ -81,7 +81,9 @@ type Config struct {
 	// path: distinct names, not checked against the host. Attaching is the
 	// program's (module cidroute/xdp, xdp.Accelerate).
 	XDPInterfaces []string
-	Services      []Service
+	// Services ("services") are the services in the file's order, at
+	// least one, with distinct names and listen addresses.
+	Services []Service
 
 	src *source // the file it was read from, to position later errors; nil when built in Go
 }
@@ -89,12 +91,19 @@ type Config struct {
 // Service is one entry of "services". The zero values of Workers,
 // MaxSessions, SessionIdle and MaxAge mean the library's defaults.
 type Service struct {
-	Name     string
+	// Name ("name") labels the service in metrics and logs; unique.
+	Name string
+	// Protocol ("protocol"): cidroute.DTLS or cidroute.QUIC.
 	Protocol cidroute.Protocol
-	Listen   netip.AddrPort
+	// Listen ("listen") is the address the service's sockets bind,
+	// unmapped: a unicast or wildcard address and a non-zero port.
+	Listen netip.AddrPort
 	// Public is the public address (the VIP) when it differs from Listen;
 	// zero means Listen. Not in the JSON yet; a program may set it.
 	Public netip.AddrPort
+	// CIDLen ("cid_length") is the length of the backends' CIDs, the
+	// protocol's default (8 for DTLS, 12 for QUIC) when the key is absent;
+	// with CIDEncryption, 2 + its NonceLen.
 	CIDLen int
 	// CIDEncryption, when set, makes the CIDs encrypted QUIC-LB ones
 	// (cidkeys.go).
@@ -103,7 +112,11 @@ type Service struct {
 	// socket per client address, at most MaxSessions per worker, each
 	// expiring after SessionIdle (0 = the library defaults).
 	Transparent bool
+	// MaxSessions ("max_sessions"): the transparent sessions per worker;
+	// 0 fits them to RLIMIT_NOFILE (cidroute.Service.MaxSessions).
 	MaxSessions int
+	// SessionIdle ("session_idle"): a transparent session without traffic
+	// expires after it; 0 is cidroute.DefaultSessionIdle.
 	SessionIdle time.Duration
 	Workers     int // 0 = one per CPU (GOMAXPROCS as the process started)
 	// RecvBuffer and SendBuffer (recv_buffer, send_buffer) are the
@@ -119,10 +132,13 @@ type Service struct {
 	// Kubernetes (the Service whose EndpointSlices are the backends,
 	// sourced by Options.Kubernetes). With none of them the program
 	// supplies the backends (Options.Source).
-	Backends     []registry.Backend
+	Backends []registry.Backend
+	// BackendsFile ("backends_file"): see Backends.
 	BackendsFile string
-	Kubernetes   *Kubernetes
-	Limits       cidroute.Limits
+	// Kubernetes ("kubernetes"): see Backends.
+	Kubernetes *Kubernetes
+	// Limits ("limits") are the service's rate limits; zero is off.
+	Limits cidroute.Limits
 	// Unroutable ("unroutable", QUIC only): what becomes of short-header
 	// and Handshake packets whose CID names no server.
 	Unroutable cidroute.UnroutablePolicy

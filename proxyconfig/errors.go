@@ -49,6 +49,7 @@ type Error struct {
 	Err error
 }
 
+// Error formats e as FILE:LINE:COLUMN: KEY: PROBLEM; FIX.
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString(e.File)
