@@ -566,7 +566,7 @@ func readError(path string, err error) (problem, fix string) {
 	case errors.Is(err, boundedread.ErrNotRegular):
 		what := "not a regular file"
 		if fi, serr := os.Stat(path); serr == nil {
-			what = fmt.Sprintf("%s (mode %04o), not a regular file", fileType(fi.Mode()), fi.Mode().Perm())
+			what = fmt.Sprintf("%s (mode %04o), not a regular file", boundedread.TypeName(fi.Mode()), fi.Mode().Perm())
 		}
 		return "is " + what, "give the path of a regular file"
 	case errors.Is(err, boundedread.ErrTooLarge):
@@ -575,21 +575,4 @@ func readError(path string, err error) (problem, fix string) {
 		return fmt.Sprintf("could not be read within %v", readTimeout), "check the file system it is on"
 	}
 	return "cannot be read: " + err.Error(), ""
-}
-
-// fileType names the type of a file that is not a regular one.
-func fileType(m fs.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a directory"
-	case m&fs.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeDevice != 0:
-		return "a device"
-	case m&fs.ModeSymlink != 0:
-		return "a symbolic link"
-	}
-	return "a special file"
 }

@@ -140,6 +140,7 @@ func TestConfigReadErrors(t *testing.T) {
 	dir := t.TempDir()
 	sub := filepath.Join(dir, "conf.d")
 	require.NoError(t, os.Mkdir(sub, 0o755))
+	require.NoError(t, os.Chmod(sub, 0o755)) // whatever the umask
 	for _, check := range []bool{true, false} {
 		args := []string{"-config", sub}
 		if check {
