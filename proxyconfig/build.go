@@ -48,8 +48,11 @@ type Options struct {
 
 // Errors of Validate and Build, wrapped by an *Error at the service.
 var (
+	// ErrNoKubernetes: a service has a "kubernetes" key and Options no
+	// Kubernetes hook.
 	ErrNoKubernetes = errors.New(`proxyconfig: "kubernetes" backends need Options.Kubernetes`)
-	ErrNoSource     = errors.New("proxyconfig: no backends: give backends, backends_file or kubernetes")
+	// ErrNoSource: a service has no backends key and Options no Source.
+	ErrNoSource = errors.New("proxyconfig: no backends: give backends, backends_file or kubernetes")
 )
 
 // StopWait bounds how long Registries.Run waits, once its context is

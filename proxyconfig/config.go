@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -182,6 +183,10 @@ const (
 	readTimeout   = 5 * time.Second
 )
 
+// startProcs is GOMAXPROCS as the process started, what a Pipeline
+// gives a service of 0 workers (a WaitThread pipeline raises it later).
+var startProcs = runtime.GOMAXPROCS(0)
+
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // Load reads and validates the file at path (at most 1 MiB, a regular
@@ -286,6 +291,19 @@ func parse(file string, data []byte) (*Config, error) {
 		src.services[s.Name] = path
 		cfg.Services = append(cfg.Services, s)
 	}
+	// cidroute.New caps the workers of all services together.
+	workers := 0
+	for i, s := range cfg.Services {
+		n := s.Workers
+		if n == 0 {
+			n = startProcs // one per CPU, as the Pipeline counts them
+		}
+		if workers += n; workers > cidroute.DefaultMaxWorkers {
+			return nil, src.err(fmt.Sprintf("services[%d].workers", i),
+				fmt.Sprintf("brings the workers of all services to %d, more than the %d a pipeline runs (0: one per CPU, %d here)", workers, cidroute.DefaultMaxWorkers, startProcs),
+				"give the services fewer workers")
+		}
+	}
 	return cfg, nil
 }
 
@@ -375,6 +393,17 @@ func parseService(src *source, path string) (Service, error) {
 		return fail("workers", fmt.Sprintf("%d is out of range", fs.Workers), "write "+want(at("workers")))
 	}
 	s.Workers = fs.Workers
+	if s.MaxSessions > 0 { // the Pipeline's memory bound, as cidroute.New applies it
+		workers := max(s.Workers, 1)
+		if s.Workers == 0 {
+			workers = startProcs
+		}
+		per := int64(cidroute.SessionBytes(0))
+		if fit := cidroute.DefaultSessionMemory / (per * int64(workers)); int64(s.MaxSessions) > fit {
+			return fail("max_sessions", fmt.Sprintf("%d sessions on each of %d workers, %d bytes each, need more than the %d MiB of session memory",
+				s.MaxSessions, workers, per, cidroute.DefaultSessionMemory>>20), fmt.Sprintf("write at most %d, or 0 to fit it", fit))
+		}
+	}
 	recv := DefaultRecvBuffer
 	if fs.RecvBuffer != nil {
 		recv = *fs.RecvBuffer
