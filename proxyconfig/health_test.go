@@ -47,12 +47,13 @@ func TestHealthCheckConfig(t *testing.T) {
 
 	for hc, want := range map[string]string{
 		`{"interval": "10ms"}`:                 "health_check.interval",
-		`{"interval": "1s", "timeout": "2s"}`:  "timeout 2s",
+		`{"interval": "1s", "timeout": "2s"}`:  `health_check.timeout: "2s" is longer than the interval, 1s`,
 		`{"timeout": "1ms"}`:                   "health_check.timeout",
-		`{"interval": "1s", "jitter": "1s"}`:   "jitter 1s",
-		`{"fall": -1}`:                         "fall -1",
-		`{"rise": 101}`:                        "rise 101",
-		`{"interva": "1s"}`:                    `unknown key "interva"`,
+		`{"interval": "1s", "jitter": "1s"}`:   `health_check.jitter: "1s" is not less than the interval, 1s`,
+		`{"fall": -1}`:                         "health_check.fall: -1 is out of range; write 1-100 (default 3)",
+		`{"fall": 0}`:                          "health_check.fall: 0 is out of range; write 1-100 (default 3)",
+		`{"rise": 101}`:                        "health_check.rise: 101 is out of range; write 1-100 (default 2)",
+		`{"interva": "1s"}`:                    `health_check.interva: unknown key; did you mean "interval"?`,
 		`{"interval": "1s", "Interval": "2s"}`: "Interval",
 		`{"interval": 1}`:                      "interval",
 		`true`:                                 "health_check",

@@ -34,8 +34,8 @@ func (r Refusal) String() string {
 
 // A ServiceDelta is what a reload changes in one service.
 type ServiceDelta struct {
-	Name  string
-	Added bool // a new service: new sockets for it alone
+	Name  string // the service's
+	Added bool   // a new service: new sockets for it alone
 	// Backends: the backends, backends_file or kubernetes key changed
 	// (weights and states are in the list); the source is replaced.
 	Backends bool
@@ -46,8 +46,8 @@ type ServiceDelta struct {
 // A Delta is what moving a running program from one configuration to the
 // next changes, as Config.Diff finds it.
 type Delta struct {
-	LogLevel bool
-	Services []ServiceDelta
+	LogLevel bool           // log_level changed (Effective.LogLevel is the new one)
+	Services []ServiceDelta // the services added or changed in place, in the file's order
 	// Refused are the changes that need new sockets or a new pipeline. A
 	// service with a refused key keeps its whole running configuration,
 	// so that a half-applied change (new backends of another protocol)
@@ -310,7 +310,7 @@ func (r *Registries) AddService(sc Service, o Options) (cidroute.Service, error)
 	if slices.ContainsFunc(r.services, func(s *service) bool { return s.name == sc.Name }) {
 		return cidroute.Service{}, fmt.Errorf("service %q: already running", sc.Name)
 	}
-	s, def, err := r.build(r.seed, sc, o, log.With("service", sc.Name))
+	s, def, err := r.build(nil, sc, o, log.With("service", sc.Name))
 	if err != nil {
 		return cidroute.Service{}, fmt.Errorf("service %q: %w", sc.Name, err)
 	}

@@ -44,8 +44,6 @@ type Options struct {
 	hup        chan os.Signal // tests: SIGHUP without a signal
 }
 
-var errNoKubernetes = errors.New(`"kubernetes" backends need the Kubernetes build of cidproxy (examples/kubernetes/cidproxy)`)
-
 // Main runs the program as a process: signals, arguments, exit code.
 func Main(opts Options) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -72,6 +70,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 	version := fs.Bool("version", false, "print the version and exit")
 	var probe probeFlags // health.go
 	probe.register(fs)
+	fs.Usage = func() { usage(fs) }
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -107,7 +106,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 		err = cfg.CheckFiles(ctx)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "cidproxy: %v\n", err)
+		printError(stderr, err)
 		return 1
 	}
 	if *check {
@@ -123,10 +122,46 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 		if errors.Is(err, udpio.ErrInUse) && !opts.join && opts.handover == "" {
 			err = fmt.Errorf("%w; if that is a cidproxy this one replaces, start both with -handover PATH to take its sockets over without loss (restart handover), or this one with -join to share them", err)
 		}
+		var ce *proxyconfig.Error
+		if errors.As(err, &ce) { // a key file: as -check says it
+			printError(stderr, ce)
+			return 1
+		}
 		log.Error("cidproxy stopped", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// printError writes an error that stops the program before it serves. A
+// configuration mistake is written alone, FILE:LINE:COLUMN: KEY: ..., as
+// compilers write theirs (editors jump to it), the same from -check and
+// from a start.
+func printError(w io.Writer, err error) {
+	var ce *proxyconfig.Error
+	if errors.As(err, &ce) {
+		fmt.Fprintln(w, ce)
+		return
+	}
+	fmt.Fprintf(w, "cidproxy: %v\n", err)
+}
+
+// configReference is where every key of the configuration is described.
+const configReference = "docs/configuration.md in the cidroute repository (module github.com/cidroute/cidroute)"
+
+func usage(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprintf(w, `Usage:
+  cidproxy -config FILE            run the proxy the JSON configuration FILE describes
+  cidproxy -check -config FILE     validate FILE (and the files it names) as a start would, and exit
+  cidproxy -demo                   a self-contained demo on loopback
+
+The configuration reference, every key with its type, default and range:
+  %s
+
+Flags:
+`, configReference)
+	fs.PrintDefaults()
 }
 
 // serve runs the proxy described by cfg until ctx is done, or until a
