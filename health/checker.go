@@ -14,10 +14,12 @@ import (
 	"github.com/cidroute/cidroute/registry"
 )
 
-// Target is what a Checker probes and marks: *registry.Registry.
+// Target is what a Checker probes and marks: *registry.Registry. The
+// marks are set through the registry.Marks the checker takes when it
+// starts and releases when it stops, so that none outlives it.
 type Target interface {
 	Snapshot() *registry.Snapshot
-	SetDown(ordinal uint8, addr netip.AddrPort, down bool) bool
+	TakeMarks(down []registry.Backend) *registry.Marks
 }
 
 var _ Target = (*registry.Registry)(nil)
@@ -99,6 +101,8 @@ type Checker struct {
 	probe  func(context.Context, netip.AddrPort, ProbeConfig) (time.Duration, error) // Probe; tests replace it
 
 	mu       sync.Mutex
+	marks    *registry.Marks    // while Run runs; nil before and after
+	inherit  []registry.Backend // marked down when Run starts (Inherit)
 	backends map[key]*backendState
 	rtt      Histogram
 	rounds   atomic.Uint64 // rounds applied, for tests
@@ -130,9 +134,14 @@ func New(target Target, cfg Config) (*Checker, error) {
 		log: cfg.Logger.With("service", cfg.Service, "protocol", cfg.Protocol.String())}, nil
 }
 
-// Run probes until ctx is done, then returns nil. The marks it set stay
-// in the target.
+// Run probes until ctx is done, then returns nil. Its marks live as long
+// as it runs: it takes the target's marks when it starts (retiring those
+// of any other checker of the target, and marking down what Inherit
+// handed it), and when it returns every mark it set is lifted, whatever
+// the backend's state.
 func (c *Checker) Run(ctx context.Context) error {
+	c.begin()
+	defer c.end()
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -149,6 +158,56 @@ func (c *Checker) Run(ctx context.Context) error {
 		}
 		t.Reset(wait - time.Since(start))
 	}
+}
+
+func (c *Checker) begin() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.marks = c.target.TakeMarks(c.inherit)
+}
+
+func (c *Checker) end() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.marks.Release()
+	c.marks = nil
+}
+
+// Inherit hands the checker down marks of a checker it replaces (one of a
+// previous process, in a restart handover, or of the configuration before
+// a reload): those backends start down, as not yet seen answering, and
+// come up when the checker's own probes say so. Call it before Run, or
+// while Run runs (the marks then apply at once).
+func (c *Checker) Inherit(down []registry.Backend) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inherit = slices.Clone(down)
+	if c.marks != nil {
+		for _, b := range down {
+			c.marks.SetDown(b.Ordinal, b.Addr, true)
+		}
+	}
+}
+
+// Down returns the backends the checker holds down (with those Inherit
+// gave it that it has not probed yet), to hand to a checker that
+// replaces it.
+func (c *Checker) Down() []registry.Backend {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []registry.Backend
+	for k, b := range c.backends {
+		if b.down {
+			out = append(out, registry.Backend{Ordinal: k.ordinal, Addr: k.addr})
+		}
+	}
+	for _, b := range c.inherit {
+		if _, met := c.backends[key{b.Ordinal, b.Addr}]; !met {
+			out = append(out, registry.Backend{Ordinal: b.Ordinal, Addr: b.Addr})
+		}
+	}
+	slices.SortFunc(out, func(a, b registry.Backend) int { return int(a.Ordinal) - int(b.Ordinal) })
+	return out
 }
 
 // round probes every candidate once, in parallel, and applies the results.
@@ -238,13 +297,20 @@ func (c *Checker) apply(k key, snap *registry.Snapshot, rtt time.Duration, err e
 	// Keep the registry in step (a mark it dropped, a SetDown that raced
 	// with an update) without logging again.
 	if snap.Down(k.ordinal) != b.down {
-		c.target.SetDown(k.ordinal, k.addr, b.down)
+		c.mark(k, b.down)
 	}
 }
 
 func (c *Checker) set(k key, b *backendState, down bool) {
 	b.down, b.streak, b.since = down, 0, time.Now()
-	c.target.SetDown(k.ordinal, k.addr, down)
+	c.mark(k, down)
+}
+
+// mark sets the registry's mark; nothing outside Run.
+func (c *Checker) mark(k key, down bool) {
+	if c.marks != nil {
+		c.marks.SetDown(k.ordinal, k.addr, down)
+	}
 }
 
 // BackendStatus is one probed backend's state.

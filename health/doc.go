@@ -35,10 +35,17 @@
 // row (default 3) and up again after Config.Rise successes in a row
 // (default 2); a backend the checker has not yet seen answer goes down at
 // its first failure, so that a dead backend in a fresh list takes new
-// sessions for one round at most. Down is [registry.Registry.SetDown]: the
+// sessions for one round at most. Down is [registry.Marks.SetDown]: the
 // backend takes no new sessions and keeps its CID sessions, as a draining
 // one does. A backend that drains answers no probes, so probes and
 // draining agree.
+//
+// The marks belong to the running checker: Run takes the registry's
+// [registry.Marks] when it starts and releases them when it returns, which
+// lifts every mark it set, in every backend state. A checker that
+// replaces another (a reload, a restart handover) starts from the marks
+// [Checker.Inherit] hands it and keeps or lifts them by its own probes;
+// without a checker a registry has no marks.
 //
 // Detection time: a backend that stops answering right after a successful
 // probe is down at most Fall × Interval + Timeout later; one that answers

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/health"
+	"github.com/cidroute/cidroute/proxyconfig"
+	"github.com/cidroute/cidroute/registry"
 )
 
 // probeFlags are -probe-dtls and -probe-quic: one health probe, as the
@@ -113,4 +116,20 @@ func (p *proxy) livez(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	fmt.Fprintln(w, "ok")
+}
+
+// inheritMarks hands a predecessor's down marks (restart handover) to the
+// service's health checker, which keeps them until its own probes speak.
+// A service without health_check takes none: nothing would ever lift
+// them.
+func inheritMarks(regs *proxyconfig.Registries, service string, down []registry.Backend, log *slog.Logger) {
+	if len(down) == 0 {
+		return
+	}
+	if c, ok := regs.Checker(service); ok {
+		c.Inherit(down)
+		return
+	}
+	log.Info("handover: the predecessor's down marks are dropped: this service has no health_check",
+		"service", service, "marked_down", len(down))
 }
