@@ -30,6 +30,7 @@ import (
 type fileConfig struct {
 	HRWSeed       uint64            `json:"hrw_seed"`
 	MetricsListen string            `json:"metrics_listen"`
+	PprofListen   string            `json:"pprof_listen"`
 	LogLevel      string            `json:"log_level"`
 	Wait          string            `json:"wait"`
 	XDPInterfaces []string          `json:"xdp_interfaces"` // xdp.go
@@ -71,6 +72,7 @@ type fileLimits struct {
 type Config struct {
 	Seed          uint64     // hrw_seed
 	MetricsListen string     // metrics_listen; "" = no metrics endpoint
+	PprofListen   string     // pprof_listen: Go's profiler, on a listener of its own; "" = none
 	LogLevel      slog.Level // log_level
 	// Wait ("wait") is how the pipeline's workers wait for datagrams:
 	// "thread" (the default here: each worker holds a thread that waits
@@ -194,13 +196,21 @@ func Parse(r io.Reader) (*Config, error) {
 	if err := decodeStrict(r, &fc); err != nil {
 		return nil, err
 	}
-	cfg := &Config{Seed: fc.HRWSeed, MetricsListen: fc.MetricsListen, XDPInterfaces: fc.XDPInterfaces}
+	cfg := &Config{Seed: fc.HRWSeed, MetricsListen: fc.MetricsListen, PprofListen: fc.PprofListen, XDPInterfaces: fc.XDPInterfaces}
 	if err := checkXDP(fc.XDPInterfaces); err != nil {
 		return nil, err
 	}
 	if fc.MetricsListen != "" {
 		if err := checkHostPort(fc.MetricsListen); err != nil {
 			return nil, fmt.Errorf("metrics_listen: %w", err)
+		}
+	}
+	if fc.PprofListen != "" {
+		if err := checkHostPort(fc.PprofListen); err != nil {
+			return nil, fmt.Errorf("pprof_listen: %w", err)
+		}
+		if fc.PprofListen == fc.MetricsListen {
+			return nil, fmt.Errorf("pprof_listen %q: the profiler has a listener of its own, not metrics_listen's", fc.PprofListen)
 		}
 	}
 	switch fc.LogLevel {
@@ -486,6 +496,9 @@ func (c *Config) Summary() string {
 	}
 	if c.MetricsListen != "" {
 		fmt.Fprintf(&b, "; metrics on %s", c.MetricsListen)
+	}
+	if c.PprofListen != "" {
+		fmt.Fprintf(&b, "; pprof on %s", c.PprofListen)
 	}
 	fmt.Fprintf(&b, "; hrw_seed %d", c.Seed)
 	return b.String()

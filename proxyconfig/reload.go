@@ -74,6 +74,10 @@ func (c *Config) Diff(next *Config) Delta {
 		refuse("", "metrics_listen")
 		eff.MetricsListen = c.MetricsListen
 	}
+	if c.PprofListen != next.PprofListen {
+		refuse("", "pprof_listen")
+		eff.PprofListen = c.PprofListen
+	}
 	if !slices.Equal(c.XDPInterfaces, next.XDPInterfaces) {
 		refuse("", "xdp_interfaces")
 		eff.XDPInterfaces = c.XDPInterfaces
