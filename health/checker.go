@@ -98,7 +98,7 @@ type Checker struct {
 	cfg    Config
 	target Target
 	log    *slog.Logger
-	probe  func(context.Context, netip.AddrPort, ProbeConfig) (time.Duration, error) // Probe; tests replace it
+	probe  func(context.Context, netip.AddrPort, ProbeConfig) (time.Duration, Match, error) // ProbeAnswer; tests replace it
 
 	mu       sync.Mutex
 	marks    *registry.Marks    // while Run runs; nil before and after
@@ -117,6 +117,7 @@ type key struct {
 type backendState struct {
 	down      bool
 	confirmed bool // has answered since the checker met it
+	tied      bool // has given an answer Tied to its probe: Untied ones fail from now on
 	streak    int  // successes (down) or failures (up) in a row
 	results   [NumResults]uint64
 	since     time.Time // of the last change of state
@@ -130,7 +131,7 @@ func New(target Target, cfg Config) (*Checker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Checker{cfg: cfg, target: target, probe: Probe, backends: map[key]*backendState{},
+	return &Checker{cfg: cfg, target: target, probe: ProbeAnswer, backends: map[key]*backendState{},
 		log: cfg.Logger.With("service", cfg.Service, "protocol", cfg.Protocol.String())}, nil
 }
 
@@ -229,8 +230,9 @@ func (c *Checker) round(ctx context.Context) {
 		}
 	}
 	type outcome struct {
-		rtt time.Duration
-		err error
+		rtt   time.Duration
+		match Match
+		err   error
 	}
 	out := make([]outcome, len(cands))
 	var wg sync.WaitGroup
@@ -240,7 +242,7 @@ func (c *Checker) round(ctx context.Context) {
 			defer wg.Done()
 			pctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 			defer cancel()
-			out[i].rtt, out[i].err = c.probe(pctx, k.addr, c.cfg.ProbeConfig)
+			out[i].rtt, out[i].match, out[i].err = c.probe(pctx, k.addr, c.cfg.ProbeConfig)
 		}()
 	}
 	wg.Wait()
@@ -250,20 +252,30 @@ func (c *Checker) round(ctx context.Context) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, k := range cands {
-		c.apply(k, snap, out[i].rtt, out[i].err)
+		c.apply(k, snap, out[i].rtt, out[i].match, out[i].err)
 	}
 	c.rounds.Add(1)
 }
 
 // apply counts one probe's result and moves the backend's state. The
 // caller holds mu.
-func (c *Checker) apply(k key, snap *registry.Snapshot, rtt time.Duration, err error) {
+func (c *Checker) apply(k key, snap *registry.Snapshot, rtt time.Duration, m Match, err error) {
 	b := c.backends[k]
 	if b == nil {
 		// A backend the checker meets starts as the registry has it: up,
 		// or down when a previous checker marked it so.
 		b = &backendState{down: snap.Down(k.ordinal), since: time.Now()}
 		c.backends[k] = b
+	}
+	switch {
+	case err != nil:
+	case m == Tied:
+		b.tied = true
+	case b.tied:
+		// Its stack ties its answers to the probes: an untied one is
+		// someone else's, sent from its address (a frozen backend kept
+		// up by forged answers).
+		err = fmt.Errorf("%w: an answer not tied to the probe, from a backend whose answers were", ErrBadAnswer)
 	}
 	r := ResultOf(err)
 	b.results[r]++

@@ -40,14 +40,14 @@ func (s *script) set(a netip.AddrPort, ok bool) {
 	s.ok[a] = ok
 }
 
-func (s *script) probe(_ context.Context, a netip.AddrPort, _ ProbeConfig) (time.Duration, error) {
+func (s *script) probe(_ context.Context, a netip.AddrPort, _ ProbeConfig) (time.Duration, Match, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.probes[a]++
 	if s.ok[a] {
-		return time.Millisecond, nil
+		return time.Millisecond, Tied, nil
 	}
-	return 0, ErrTimeout
+	return 0, Untied, ErrTimeout
 }
 
 func lines(logs *testtool.SyncBuffer, what string) int { return strings.Count(logs.String(), what) }

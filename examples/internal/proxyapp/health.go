@@ -59,12 +59,16 @@ func (f *probeFlags) run(ctx context.Context, fs *flag.FlagSet, stdout, stderr i
 	}
 	pctx, cancel := context.WithTimeout(ctx, *f.timeout)
 	defer cancel()
-	rtt, err := health.Probe(pctx, addr, cfg)
+	rtt, m, err := health.ProbeAnswer(pctx, addr, cfg)
 	if err != nil {
 		fmt.Fprintf(stdout, "%v %v: %v (%v)\n", cfg.Protocol, addr, health.ResultOf(err), err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "%v %v: ok in %v\n", cfg.Protocol, addr, rtt.Round(time.Microsecond))
+	untied := ""
+	if m == health.Untied {
+		untied = " (untied: the answer echoes nothing of the probe, so the checker cannot tell it from a forged one)"
+	}
+	fmt.Fprintf(stdout, "%v %v: ok in %v%s\n", cfg.Protocol, addr, rtt.Round(time.Microsecond), untied)
 	return 0
 }
 
