@@ -43,7 +43,17 @@ type Config struct {
 	Fall, Rise int
 	// Logger receives the state changes (nil = slog.Default()).
 	Logger *slog.Logger
+	// Probe, when set, probes instead of ProbeAnswer with ProbeConfig
+	// (which still names the protocol): for example
+	// piondtls.DataProbe, a full handshake and one echo, which fails a
+	// backend that answers hellos but drops its sessions' data.
+	Probe ProbeFunc
 }
+
+// A ProbeFunc probes the backend at addr until ctx is done, as
+// ProbeAnswer does: a valid answer's round-trip time and Match, or an
+// error wrapping ErrTimeout, ErrRefused or ErrBadAnswer.
+type ProbeFunc func(ctx context.Context, addr netip.AddrPort) (time.Duration, Match, error)
 
 // Defaults of Config.
 const (
@@ -131,8 +141,14 @@ func New(target Target, cfg Config) (*Checker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Checker{cfg: cfg, target: target, probe: ProbeAnswer, backends: map[key]*backendState{},
-		log: cfg.Logger.With("service", cfg.Service, "protocol", cfg.Protocol.String())}, nil
+	c := &Checker{cfg: cfg, target: target, probe: ProbeAnswer, backends: map[key]*backendState{},
+		log: cfg.Logger.With("service", cfg.Service, "protocol", cfg.Protocol.String())}
+	if f := cfg.Probe; f != nil {
+		c.probe = func(ctx context.Context, a netip.AddrPort, _ ProbeConfig) (time.Duration, Match, error) {
+			return f(ctx, a)
+		}
+	}
+	return c, nil
 }
 
 // Run probes until ctx is done, then returns nil. Its marks live as long

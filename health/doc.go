@@ -29,6 +29,11 @@
 // cookie exchange; pion/dtls answering a direct probe) is judged by
 // plausibility alone.
 //
+// Config.Probe replaces the hello probe with another [ProbeFunc]: the
+// piondtls adapter's DataProbe runs a full handshake and one echo, for
+// backends that can serve it, so that a backend that answers hellos but
+// drops data goes down too.
+//
 // Each probe has its own connected UDP socket: an answer is matched by the
 // kernel to the probe that asked (a late answer to an earlier probe dies
 // with that probe's socket), an ICMP port unreachable fails the probe at
