@@ -199,8 +199,11 @@ func (c *Checker) Inherit(down []registry.Backend) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.inherit = slices.Clone(down)
-	if c.marks != nil {
-		for _, b := range down {
+	for _, b := range down {
+		if st := c.backends[key{b.Ordinal, b.Addr}]; st != nil { // met already: down, as if never seen answering
+			st.down, st.confirmed, st.streak, st.since = true, false, 0, time.Now()
+		}
+		if c.marks != nil {
 			c.marks.SetDown(b.Ordinal, b.Addr, true)
 		}
 	}

@@ -263,4 +263,16 @@ func TestCheckerOwnsItsMarks(t *testing.T) {
 	assert.True(t, reg.Snapshot().Down(1), "c's mark")
 	stopC()
 	assert.Zero(t, reg.Stats().Down)
+
+	// Inherit while running, on a backend the checker has met: down at
+	// once, up by its probes.
+	d := newChecker()
+	d.begin()
+	s.set(a1, true)
+	d.round(context.Background())
+	d.Inherit([]registry.Backend{{Ordinal: 0, Addr: a0}})
+	assert.True(t, reg.Snapshot().Down(0), "down at once")
+	d.round(context.Background())
+	assert.False(t, reg.Snapshot().Down(0), "up at its first success (rise 1)")
+	d.end()
 }
