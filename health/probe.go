@@ -190,6 +190,7 @@ type payload struct {
 	hello    []byte // DTLS: the ClientHello record
 	dcid     []byte // QUIC: the probe's DCID, the answer's SCID
 	scid     []byte // QUIC: the probe's SCID, the answer's DCID
+	version  uint32 // QUIC: the probe's version, which the answer must not list
 }
 
 func newPayload(cfg ProbeConfig) (*payload, error) {
@@ -214,7 +215,8 @@ func newPayload(cfg ProbeConfig) (*payload, error) {
 		p.hello = b[n:]
 	case cidroute.QUIC:
 		p.dcid, p.scid = randomBytes(16), randomBytes(8)
-		b = AppendVersionProbe(b, reservedVersion(), p.dcid, p.scid)
+		p.version = reservedVersion()
+		b = AppendVersionProbe(b, p.version, p.dcid, p.scid)
 	}
 	p.datagram = b
 	return p, nil
@@ -241,7 +243,17 @@ func (p *payload) check(b []byte) (Match, error) {
 	case cidroute.DTLS:
 		return CheckDTLSReply(b, p.hello)
 	default:
-		return Tied, CheckQUICAnswer(b, p.dcid, p.scid)
+		if err := CheckQUICAnswer(b, p.dcid, p.scid); err != nil {
+			return Untied, err
+		}
+		// RFC 9000 §6.2: a Version Negotiation that lists the version
+		// sent answers some other packet.
+		for v := b[7+len(p.dcid)+len(p.scid):]; len(v) >= 4; v = v[4:] {
+			if binary.BigEndian.Uint32(v) == p.version {
+				return Untied, fmt.Errorf("%w: Version Negotiation listing the probe's own version %#x", ErrBadAnswer, p.version)
+			}
+		}
+		return Tied, nil
 	}
 }
 

@@ -137,3 +137,23 @@ func TestProbeAnswerMatch(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Untied, m)
 }
+
+// QUIC: the Version Negotiation must echo the probe's connection IDs,
+// swapped, and must not list the version the probe sent (RFC 9000 §6.2).
+func TestQUICAnswerMatch(t *testing.T) {
+	dcid, scid := []byte("0123456789abcdef"), []byte("srcid-01")
+	p := &payload{proto: cidroute.QUIC, dcid: dcid, scid: scid, version: 0x1a2a3a4a}
+	vn := func(versions ...uint32) []byte {
+		b := append([]byte{0x80, 0, 0, 0, 0, byte(len(scid))}, scid...)
+		b = append(append(b, byte(len(dcid))), dcid...)
+		for _, v := range versions {
+			b = binary.BigEndian.AppendUint32(b, v)
+		}
+		return b
+	}
+	m, err := p.check(vn(1, 0x6b3343cf))
+	require.NoError(t, err)
+	require.Equal(t, Tied, m)
+	_, err = p.check(vn(1, 0x1a2a3a4a))
+	require.ErrorIs(t, err, ErrBadAnswer)
+}
