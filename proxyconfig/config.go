@@ -31,6 +31,7 @@ import (
 type fileConfig struct {
 	HRWSeed       uint64            `json:"hrw_seed"`
 	MetricsListen string            `json:"metrics_listen"`
+	PprofListen   string            `json:"pprof_listen"`
 	LogLevel      string            `json:"log_level"`
 	Wait          string            `json:"wait"`
 	XDPInterfaces []string          `json:"xdp_interfaces"` // xdp.go
@@ -72,6 +73,7 @@ type fileLimits struct {
 type Config struct {
 	Seed          uint64     // hrw_seed
 	MetricsListen string     // metrics_listen; "" = no metrics endpoint
+	PprofListen   string     // pprof_listen: Go's profiler, on a listener of its own; "" = none
 	LogLevel      slog.Level // log_level
 	// Wait ("wait") is how the pipeline's workers wait for datagrams:
 	// "thread" (the default here: each worker holds a thread that waits
@@ -238,13 +240,21 @@ func parse(file string, data []byte) (*Config, error) {
 	if err := src.decode("", &fc); err != nil {
 		return nil, err
 	}
-	cfg := &Config{Seed: fc.HRWSeed, MetricsListen: fc.MetricsListen, XDPInterfaces: fc.XDPInterfaces, src: src}
+	cfg := &Config{Seed: fc.HRWSeed, MetricsListen: fc.MetricsListen, PprofListen: fc.PprofListen, XDPInterfaces: fc.XDPInterfaces, src: src}
 	if err := checkXDP(src, fc.XDPInterfaces); err != nil {
 		return nil, err
 	}
 	if fc.MetricsListen != "" {
 		if problem := checkHostPort(fc.MetricsListen); problem != "" {
 			return nil, src.err("metrics_listen", problem, "write "+want("metrics_listen"))
+		}
+	}
+	if fc.PprofListen != "" {
+		if problem := checkHostPort(fc.PprofListen); problem != "" {
+			return nil, src.err("pprof_listen", problem, "write "+want("pprof_listen"))
+		}
+		if fc.PprofListen == fc.MetricsListen {
+			return nil, src.err("pprof_listen", "is metrics_listen's address", "give the profiler a listener of its own, such as \"127.0.0.1:6060\"")
 		}
 	}
 	switch fc.LogLevel {
@@ -545,6 +555,9 @@ func (c *Config) Summary() string {
 	}
 	if c.MetricsListen != "" {
 		fmt.Fprintf(&b, "; metrics on %s", c.MetricsListen)
+	}
+	if c.PprofListen != "" {
+		fmt.Fprintf(&b, "; pprof on %s", c.PprofListen)
 	}
 	fmt.Fprintf(&b, "; hrw_seed %d", c.Seed)
 	return b.String()

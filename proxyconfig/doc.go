@@ -21,6 +21,7 @@
 //	{
 //	  "hrw_seed": 7205759403792793,       // the same on every replica
 //	  "metrics_listen": "127.0.0.1:9184", // for the program; absent = none
+//	  "pprof_listen": "127.0.0.1:9185",   // Go's profiler, for the program; absent = none
 //	  "log_level": "info",                // debug, info, warn, error
 //	  "wait": "thread",                   // or "netpoller" (cidroute.WaitMode)
 //	  "xdp_interfaces": ["eth0"],         // for the program (module cidroute/xdp)

@@ -12,6 +12,7 @@ import (
 var wants = map[string]string{
 	"hrw_seed":       "a whole number 0-18446744073709551615, the same on every replica",
 	"metrics_listen": `host:port, such as "127.0.0.1:9184" (":9184": every address)`,
+	"pprof_listen":   `host:port on loopback, such as "127.0.0.1:6060"`,
 	"log_level":      `"debug", "info", "warn" or "error"`,
 	"wait":           `"thread" or "netpoller"`,
 	"xdp_interfaces": `a list of interface names, such as ["eth0"]`,

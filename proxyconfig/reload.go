@@ -74,6 +74,10 @@ func (c *Config) Diff(next *Config) Delta {
 		refuse("", "metrics_listen")
 		eff.MetricsListen = c.MetricsListen
 	}
+	if c.PprofListen != next.PprofListen {
+		refuse("", "pprof_listen")
+		eff.PprofListen = c.PprofListen
+	}
 	if !slices.Equal(c.XDPInterfaces, next.XDPInterfaces) {
 		refuse("", "xdp_interfaces")
 		eff.XDPInterfaces = c.XDPInterfaces
@@ -163,8 +167,8 @@ func sameSource(a, b Service) bool {
 // source is replaced by a new source on the same registry (a static list
 // is published before Apply returns; with another source the registry
 // routes on the previous backends until it publishes), and a changed health_check by a new checker,
-// which starts from the current down marks (no health_check: the marks
-// are cleared). The services' sockets and routing are not touched. Added
+// which inherits the old one's down marks (no health_check: stopping the
+// old checker lifts every mark it set, whatever the backend's state). The services' sockets and routing are not touched. Added
 // services are AddService's; limits are the Pipeline's (SetLimits). A
 // service that cannot be changed (its new source fails to build) keeps
 // what it had, and the error names it.
@@ -229,12 +233,12 @@ func (r *Registries) apply(sc Service, sd ServiceDelta, o Options, log *slog.Log
 			return err
 		}
 		r.mu.Lock()
-		stop, done := s.hcStop, s.hcDone
+		old, stop, done := s.checker, s.hcStop, s.hcDone
 		r.mu.Unlock()
-		r.stopWait(stop, done, "the replaced health checker", log)
-		if c == nil {
-			clearDown(s.reg)
+		if c != nil && old != nil {
+			c.Inherit(old.Down())
 		}
+		r.stopWait(stop, done, "the replaced health checker", log)
 		r.mu.Lock()
 		s.checker, s.hcStop, s.hcDone = c, nil, nil
 		r.startCheckerLocked(s)
@@ -272,16 +276,6 @@ func (u *skipFirstUpdate) MaxAge() time.Duration {
 		return m.MaxAge()
 	}
 	return 0
-}
-
-// clearDown lifts every down mark of reg: without a checker nothing would.
-func clearDown(reg *registry.Registry) {
-	snap := reg.Snapshot()
-	for _, b := range snap.Backends() {
-		if snap.Down(b.Ordinal) {
-			reg.SetDown(b.Ordinal, b.Addr, false)
-		}
-	}
 }
 
 func sourceName(sc Service) string {

@@ -207,6 +207,15 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 		}
 	}
 	defer stopMetrics()
+	if cfg.PprofListen != "" { // metrics.go
+		pp, err := startPprof(cfg.PprofListen, inh != nil, log)
+		if err != nil {
+			inh.abort(err)
+			p.close()
+			return fmt.Errorf("pprof_listen: %w", err)
+		}
+		defer pp.stop()
+	}
 	if inh != nil {
 		if err := p.waitBackends(ctx, handoverReadyWait); err != nil {
 			err = fmt.Errorf("handover: %w", err)

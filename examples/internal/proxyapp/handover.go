@@ -205,11 +205,7 @@ func (h *inherited) adopt(defs []cidroute.Service, regs *proxyconfig.Registries,
 			log.Warn("handover: workers is below the sockets inherited; serving every one of them (closing one would lose its queue); restart without -handover to shrink",
 				"service", d.Name, "workers", d.Workers, "inherited", len(ls))
 		}
-		if reg, ok := regs.Registry(d.Name); ok {
-			for _, b := range h.down[d.Name] {
-				reg.SetDown(b.Ordinal, b.Addr, true)
-			}
-		}
+		inheritMarks(regs, d.Name, h.down[d.Name], log) // health.go
 	}
 	for a, cs := range h.listen {
 		log.Warn("handover: no service listens on an inherited address any more; its socket closes with the predecessor", "listen", a)
