@@ -4,6 +4,7 @@ package proxyapp
 
 import (
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"syscall"
@@ -16,7 +17,13 @@ func dialHandover(path string) (*net.UnixConn, error) { return nil, errNoHandove
 
 type handoverListener struct{}
 
-func listenHandover(path string) (*handoverListener, error) { return nil, errNoHandover }
+func listenHandover(path string, log *slog.Logger) (*handoverListener, error) {
+	return nil, errNoHandover
+}
+
+func checkHandoverDir(path string) error { return errNoHandover }
+
+func dupFile(c syscall.Conn) (*os.File, error) { return nil, errNoHandover }
 
 func (l *handoverListener) accept() (*net.UnixConn, error) { return nil, errNoHandover }
 

@@ -1,0 +1,317 @@
+//go:build linux
+
+package proxyapp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/dtls"
+)
+
+// The kill-point table (issue 35): either side of a handover killed at
+// every step of the protocol, by SIGKILL and by SIGTERM, with a client
+// streaming through the port. Afterwards exactly one process serves (the
+// other side: the victim has exited, every datagram of a fresh burst is
+// answered, and the survivor takes a successor's connection), and the
+// loss is bounded.
+//
+// The processes are this test binary run again (TestHandoverChild), whose
+// handoverStep hook writes each step to its log and, at the step named in
+// its environment, waits there: until SIGKILL, or until SIGTERM, and then
+// goes on as the program does when told to stop at that step.
+//
+//	go test -run TestHandoverKill -v ./examples/internal/proxyapp/
+
+const (
+	hoChildArgs  = "CIDPROXY_TEST_HANDOVER_ARGS"  // the child's arguments, JSON
+	hoChildPause = "CIDPROXY_TEST_HANDOVER_PAUSE" // side/step where it waits
+)
+
+// TestHandoverChild is no test of its own: it is the cidproxy process of
+// the tests that start real processes (hoChild).
+func TestHandoverChild(t *testing.T) {
+	raw := os.Getenv(hoChildArgs)
+	if raw == "" {
+		t.Skip("the process that TestHandoverKill starts")
+	}
+	var args []string
+	if err := json.Unmarshal([]byte(raw), &args); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	pause := os.Getenv(hoChildPause)
+	handoverStep = func(ctx context.Context, side, step string) {
+		fmt.Fprintf(os.Stderr, "handover-step %s %s\n", side, step)
+		if side+"/"+step == pause {
+			fmt.Fprintf(os.Stderr, "handover-paused %s %s\n", side, step)
+			<-ctx.Done()
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	code := Run(ctx, args, os.Stdout, os.Stderr, Options{})
+	stop()
+	os.Exit(code)
+}
+
+// A hoChild is one cidproxy process of the test.
+type hoChild struct {
+	name   string
+	cmd    *exec.Cmd
+	logs   syncBuffer
+	exited chan error
+}
+
+func startHoChild(t *testing.T, name, pause string, args ...string) *hoChild {
+	t.Helper()
+	raw, err := json.Marshal(args)
+	require.NoError(t, err)
+	c := &hoChild{name: name, exited: make(chan error, 1),
+		cmd: exec.Command(os.Args[0], "-test.run=^TestHandoverChild$", "-test.count=1")}
+	c.cmd.Env = append(os.Environ(), hoChildArgs+"="+string(raw), hoChildPause+"="+pause)
+	c.cmd.Stderr = &c.logs
+	require.NoError(t, c.cmd.Start())
+	go func() { c.exited <- c.cmd.Wait() }()
+	t.Cleanup(func() {
+		if c.running() {
+			c.cmd.Process.Kill()
+			<-c.exited
+		}
+		if t.Failed() {
+			t.Logf("%s log:\n%s", c.name, c.logs.String())
+		}
+	})
+	return c
+}
+
+func (c *hoChild) running() bool {
+	select {
+	case err := <-c.exited:
+		c.exited <- err
+		return false
+	default:
+		return true
+	}
+}
+
+func (c *hoChild) waitLog(t *testing.T, what string, within time.Duration) {
+	t.Helper()
+	waitFor(t, within, c.name+": "+what, func() bool {
+		if !c.running() {
+			t.Fatalf("%s exited before %q", c.name, what)
+		}
+		return strings.Contains(c.logs.String(), what)
+	})
+}
+
+func (c *hoChild) wait(t *testing.T, within time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-c.exited:
+		c.exited <- err
+		return err
+	case <-time.After(within):
+		t.Fatalf("%s did not exit within %v", c.name, within)
+		return nil
+	}
+}
+
+// A hoFlow streams CID records to a service at a steady rate until
+// stopped, and counts what it sent and the echoes.
+type hoFlow struct {
+	conn         *net.UDPConn
+	sent, echoes atomic.Int64
+	stop         chan struct{}
+	done         sync.WaitGroup
+}
+
+func startFlow(t *testing.T, addr netip.AddrPort, rate int) *hoFlow {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadBuffer(4<<20))
+	f := &hoFlow{conn: c, stop: make(chan struct{})}
+	t.Cleanup(func() { f.halt(); c.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			if _, _, err := c.ReadFromUDPAddrPort(buf); err != nil {
+				return
+			}
+			f.echoes.Add(1)
+		}
+	}()
+	f.done.Add(1)
+	go func() {
+		defer f.done.Done()
+		codec := dtls.OrdinalFirst{Length: cidroute.DefaultDTLSCIDLen}
+		start := time.Now()
+		for i := 0; ; i++ {
+			select {
+			case <-f.stop:
+				return
+			default:
+			}
+			cid, _ := codec.AppendCID(nil, uint8(i%3))
+			rec, _ := dtls.AppendRecord(nil, dtls.Record{Type: dtls.TLS12CID, Epoch: 1, Seq: uint64(i), CID: cid, Fragment: []byte("payload")})
+			c.WriteToUDPAddrPort(rec, addr)
+			f.sent.Add(1)
+			if ahead := time.Duration(i+1)*time.Second/time.Duration(rate) - time.Since(start); ahead > time.Millisecond {
+				time.Sleep(ahead)
+			}
+		}
+	}()
+	return f
+}
+
+func (f *hoFlow) halt() {
+	select {
+	case <-f.stop:
+	default:
+		close(f.stop)
+	}
+	f.done.Wait()
+}
+
+// settle stops the flow and waits until the echoes stand still (or are
+// all in); it returns what was sent and lost.
+func (f *hoFlow) settle() (sent, lost int64) {
+	f.halt()
+	last, still := int64(-1), 0
+	for still < 5 && f.echoes.Load() < f.sent.Load() {
+		time.Sleep(100 * time.Millisecond)
+		if n := f.echoes.Load(); n == last {
+			still++
+		} else {
+			last, still = n, 0
+		}
+	}
+	return f.sent.Load(), f.sent.Load() - f.echoes.Load()
+}
+
+// The protocol's steps where a side waits for the other, in order
+// (handover.go).
+var (
+	hoPredecessorSteps = []string{"hello-received", "sockets-sent", "ready-received", "drained", "done-sent"}
+	hoSuccessorSteps   = []string{"hello-sent", "sockets-received", "serving", "ready-sent", "done-received"}
+)
+
+// hoKillRate is the client's rate, datagrams a second.
+const hoKillRate = 2000
+
+// hoKillRow is one row of the kill-point table.
+type hoKillRow struct {
+	side, step, signal, serves string
+	sent, lost                 int64
+}
+
+func TestHandoverKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 40 processes")
+	}
+	var rows []hoKillRow
+	for _, side := range []string{"predecessor", "successor"} {
+		steps := hoPredecessorSteps
+		if side == "successor" {
+			steps = hoSuccessorSteps
+		}
+		for _, step := range steps {
+			for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+				name := fmt.Sprintf("%s/%s/%s", side, step, strings.TrimPrefix(sig.String(), "signal "))
+				t.Run(name, func(t *testing.T) {
+					row := handoverKill(t, side, step, sig)
+					rows = append(rows, row)
+				})
+			}
+		}
+	}
+	t.Logf("kill point × signal → the process serving after, datagrams sent and lost at %d/s:", hoKillRate)
+	t.Logf("| side killed | step | signal | serves after | sent | lost |")
+	t.Logf("|---|---|---|---|---|---|")
+	for _, r := range rows {
+		t.Logf("| %s | %s | %s | %s | %d | %d |", r.side, r.step, r.signal, r.serves, r.sent, r.lost)
+	}
+}
+
+// handoverKill runs one kill point: the old process serves a flow, a new
+// one takes over, and the victim, waiting at step, gets sig.
+func handoverKill(t *testing.T, side, step string, sig syscall.Signal) hoKillRow {
+	e := newHoEnv(t)
+	args := []string{"-handover", e.sock, "-config", e.path}
+	pauseOld, pauseNew := "", ""
+	if side == "predecessor" {
+		pauseOld = side + "/" + step
+	} else {
+		pauseNew = side + "/" + step
+	}
+	old := startHoChild(t, "old", pauseOld, args...)
+	old.waitLog(t, "handover socket listening", 15*time.Second)
+	f := startFlow(t, e.svc, hoKillRate)
+	time.Sleep(200 * time.Millisecond)
+	nw := startHoChild(t, "new", pauseNew, args...)
+	victim, survivor := old, nw
+	if side == "successor" {
+		victim, survivor = nw, old
+	}
+	victim.waitLog(t, "handover-paused "+side+" "+step, 15*time.Second)
+	time.Sleep(100 * time.Millisecond) // traffic while it waits there
+	require.NoError(t, victim.cmd.Process.Signal(sig))
+	err := victim.wait(t, 10*time.Second)
+	if sig == syscall.SIGTERM {
+		assert.NoError(t, err, "told to stop, the victim exits 0")
+	}
+	time.Sleep(300 * time.Millisecond) // traffic after
+	sent, lost := f.settle()
+	require.True(t, survivor.running(), "the survivor still runs")
+
+	// It serves: a fresh burst is answered in full.
+	burst := startFlow(t, e.svc, 1000)
+	time.Sleep(200 * time.Millisecond)
+	bs, bl := burst.settle()
+	assert.Zero(t, bl, "the survivor answers every datagram of a burst of %d", bs)
+	// And it can be replaced in turn: its handover socket takes a successor.
+	c, err := dialHandover(e.sock)
+	require.NoError(t, err)
+	require.NotNil(t, c, "the survivor listens on the handover socket")
+	c.Close()
+
+	serves := survivor.name
+	t.Logf("%s at %s, %v: %s serves; sent %d, lost %d", side, step, sig, serves, sent, lost)
+	assert.LessOrEqual(t, lost, hoKillLossBound(side, step, sig), "loss")
+	require.NoError(t, survivor.cmd.Process.Signal(syscall.SIGTERM))
+	assert.NoError(t, survivor.wait(t, 10*time.Second))
+	return hoKillRow{side, step, strings.TrimPrefix(sig.String(), "signal "), serves, sent, lost}
+}
+
+// hoKillLossBound is the most a kill at a step may lose. SIGTERM loses
+// nothing: the victim sends what it read. SIGKILL loses what the victim
+// had read and not sent, at most a batch per worker socket (2 workers,
+// listen and upstream, 64 a batch); killed before it passed its sockets,
+// the predecessor takes its queues with it and the successor binds anew:
+// the client's datagrams until then are lost too (bounded by a second
+// at the client's rate).
+func hoKillLossBound(side, step string, sig syscall.Signal) int64 {
+	switch {
+	case sig == syscall.SIGTERM:
+		return 0
+	case side == "predecessor" && step == "hello-received":
+		return hoKillRate
+	default:
+		return 2 * 2 * cidroute.DefaultBatchSize
+	}
+}
