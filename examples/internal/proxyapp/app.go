@@ -150,6 +150,10 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 			return err
 		}
 		inh, err := takeOver(ctx, opts.handover, log)
+		if errors.Is(err, errDeclined) {
+			log.Info("cidproxy stopped: told to stop before it took the sockets over")
+			return nil
+		}
 		if err != nil {
 			return err
 		}

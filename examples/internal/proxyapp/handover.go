@@ -162,9 +162,18 @@ func takeOver(ctx context.Context, path string, log *slog.Logger) (*inherited, e
 		return fail(err)
 	}
 	hoStep(ctx, "successor", "hello-sent")
+	// Told to stop while it waits for the sockets: it stops; the
+	// predecessor, its sockets refused, serves on.
+	stopWaiting := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
+	defer stopWaiting()
 	n := 0
 	for {
 		m, files, err := recvHandover(c, time.Now().Add(handoverStepWait))
+		if err != nil && ctx.Err() != nil {
+			h.closeRest()
+			c.Close()
+			return nil, errDeclined
+		}
 		if errors.Is(err, errHandoverClosed) || errors.Is(err, syscall.ECONNRESET) {
 			h.closeRest()
 			c.Close()
@@ -549,14 +558,19 @@ func (p *proxy) handOver(ctx context.Context, c *net.UnixConn, hello hoMsg, metr
 		return hoResult{resume: keep}
 	}
 	hoStep(ctx, "predecessor", "done-sent")
+	// Told to stop meanwhile, it waits no longer: the successor, still
+	// connected, serves.
+	stopWaiting := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
 	m, fs, err := recvHandover(c, time.Now().Add(handoverStepWait))
+	stopWaiting()
 	closeFiles(fs)
 	switch {
 	case err == nil && m.Type == "bye":
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		// Alive but silent: it holds the sockets; two readers are
-		// harmless, but a process that would never stop is not.
-		log.Warn("handover: no bye from the successor, which is still connected; stopping", "wait", handoverStepWait)
+		// Alive but silent (or this process told to stop): it holds the
+		// sockets and serves; two readers would be harmless, but a
+		// process that never stops is not.
+		log.Warn("handover: no bye from the successor, which is still connected; stopping", "told_to_stop", ctx.Err() != nil)
 	default:
 		log.Error("handover: the successor vanished before bye; this process serves again", "err", err, "message", m.Type, "reason", m.Reason)
 		return hoResult{resume: keep}

@@ -34,8 +34,10 @@ import (
 //
 // The processes are this test binary run again (TestHandoverChild), whose
 // handoverStep hook writes each step to its log and, at the step named in
-// its environment, waits there: until SIGKILL, or until SIGTERM, and then
-// goes on as the program does when told to stop at that step.
+// its environment, waits there: until SIGTERM (then it goes on as the
+// program does when told to stop at that step), SIGUSR1 (the test lets it
+// go on), or SIGKILL. A kill point is one side waiting at a step, the
+// other waiting for its next message: the test kills either.
 //
 //	go test -run TestHandoverKill -v ./examples/internal/proxyapp/
 
@@ -57,11 +59,16 @@ func TestHandoverChild(t *testing.T) {
 		os.Exit(2)
 	}
 	pause := os.Getenv(hoChildPause)
+	release := make(chan os.Signal, 1)
+	signal.Notify(release, syscall.SIGUSR1)
 	handoverStep = func(ctx context.Context, side, step string) {
 		fmt.Fprintf(os.Stderr, "handover-step %s %s\n", side, step)
 		if side+"/"+step == pause {
 			fmt.Fprintf(os.Stderr, "handover-paused %s %s\n", side, step)
-			<-ctx.Done()
+			select {
+			case <-ctx.Done():
+			case <-release:
+			}
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -211,18 +218,37 @@ var (
 	hoSuccessorSteps   = []string{"hello-sent", "sockets-received", "serving", "ready-sent", "done-received"}
 )
 
+// hoOtherWaits is where the other side waits while one waits at a step:
+// for that one's next message. With the predecessor at done-sent, the
+// successor has sent bye: its part is over, and its death is a crash
+// after the handover, as after any start.
+func hoOtherWaits(side, step string) string {
+	switch side + "/" + step {
+	case "predecessor/hello-received":
+		return "hello-sent"
+	case "predecessor/sockets-sent", "predecessor/ready-received", "predecessor/drained":
+		return "ready-sent"
+	case "predecessor/done-sent":
+		return ""
+	case "successor/hello-sent", "successor/sockets-received", "successor/serving":
+		return "sockets-sent"
+	default: // successor/ready-sent, successor/done-received
+		return "done-sent"
+	}
+}
+
 // hoKillRate is the client's rate, datagrams a second.
 const hoKillRate = 2000
 
 // hoKillRow is one row of the kill-point table.
 type hoKillRow struct {
-	side, step, signal, serves string
-	sent, lost                 int64
+	oldAt, newAt, victim, signal, serves string
+	sent, lost                           int64
 }
 
 func TestHandoverKill(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts 40 processes")
+		t.Skip("starts 76 processes")
 	}
 	var rows []hoKillRow
 	for _, side := range []string{"predecessor", "successor"} {
@@ -231,49 +257,65 @@ func TestHandoverKill(t *testing.T) {
 			steps = hoSuccessorSteps
 		}
 		for _, step := range steps {
-			for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
-				name := fmt.Sprintf("%s/%s/%s", side, step, strings.TrimPrefix(sig.String(), "signal "))
-				t.Run(name, func(t *testing.T) {
-					row := handoverKill(t, side, step, sig)
-					rows = append(rows, row)
-				})
+			for _, victim := range []string{"predecessor", "successor"} {
+				if victim != side && hoOtherWaits(side, step) == "" {
+					continue
+				}
+				for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+					name := fmt.Sprintf("%s-at-%s/kill-%s/%s", side, step, victim, strings.TrimPrefix(sig.String(), "signal "))
+					t.Run(name, func(t *testing.T) {
+						rows = append(rows, handoverKill(t, side, step, victim, sig))
+					})
+				}
 			}
 		}
 	}
 	t.Logf("kill point × signal → the process serving after, datagrams sent and lost at %d/s:", hoKillRate)
-	t.Logf("| side killed | step | signal | serves after | sent | lost |")
-	t.Logf("|---|---|---|---|---|---|")
+	t.Logf("| old at | new at | killed | signal | serves after | sent | lost |")
+	t.Logf("|---|---|---|---|---|---|---|")
 	for _, r := range rows {
-		t.Logf("| %s | %s | %s | %s | %d | %d |", r.side, r.step, r.signal, r.serves, r.sent, r.lost)
+		t.Logf("| %s | %s | %s | %s | %s | %d | %d |", r.oldAt, r.newAt, r.victim, r.signal, r.serves, r.sent, r.lost)
 	}
 }
 
 // handoverKill runs one kill point: the old process serves a flow, a new
-// one takes over, and the victim, waiting at step, gets sig.
-func handoverKill(t *testing.T, side, step string, sig syscall.Signal) hoKillRow {
+// one takes over; side waits at step, the other side for its next
+// message, and victim gets sig.
+func handoverKill(t *testing.T, side, step, victimSide string, sig syscall.Signal) hoKillRow {
 	e := newHoEnv(t)
 	args := []string{"-handover", e.sock, "-config", e.path}
 	pauseOld, pauseNew := "", ""
+	oldAt, newAt := step, hoOtherWaits(side, step)
 	if side == "predecessor" {
 		pauseOld = side + "/" + step
 	} else {
 		pauseNew = side + "/" + step
+		oldAt, newAt = newAt, step
 	}
 	old := startHoChild(t, "old", pauseOld, args...)
 	old.waitLog(t, "handover socket listening", 15*time.Second)
 	f := startFlow(t, e.svc, hoKillRate)
 	time.Sleep(200 * time.Millisecond)
 	nw := startHoChild(t, "new", pauseNew, args...)
-	victim, survivor := old, nw
+	paused, other := old, nw
 	if side == "successor" {
+		paused, other = nw, old
+	}
+	paused.waitLog(t, "handover-paused "+side+" "+step, 15*time.Second)
+	otherSide := map[string]string{"predecessor": "successor", "successor": "predecessor"}[side]
+	other.waitLog(t, "handover-step "+otherSide+" "+hoOtherWaits(side, step), 15*time.Second)
+	time.Sleep(100 * time.Millisecond) // traffic while they wait there
+	victim, survivor := old, nw
+	if victimSide == "successor" {
 		victim, survivor = nw, old
 	}
-	victim.waitLog(t, "handover-paused "+side+" "+step, 15*time.Second)
-	time.Sleep(100 * time.Millisecond) // traffic while it waits there
 	require.NoError(t, victim.cmd.Process.Signal(sig))
 	err := victim.wait(t, 10*time.Second)
 	if sig == syscall.SIGTERM {
 		assert.NoError(t, err, "told to stop, the victim exits 0")
+	}
+	if victim != paused {
+		require.NoError(t, paused.cmd.Process.Signal(syscall.SIGUSR1)) // it goes on
 	}
 	time.Sleep(300 * time.Millisecond) // traffic after
 	sent, lost := f.settle()
@@ -290,26 +332,25 @@ func handoverKill(t *testing.T, side, step string, sig syscall.Signal) hoKillRow
 	require.NotNil(t, c, "the survivor listens on the handover socket")
 	c.Close()
 
-	serves := survivor.name
-	t.Logf("%s at %s, %v: %s serves; sent %d, lost %d", side, step, sig, serves, sent, lost)
-	assert.LessOrEqual(t, lost, hoKillLossBound(side, step, sig), "loss")
+	t.Logf("old at %s, new at %s, %s %v: %s serves; sent %d, lost %d", oldAt, newAt, victimSide, sig, survivor.name, sent, lost)
+	assert.LessOrEqual(t, lost, hoKillLossBound(oldAt, victimSide, sig), "loss")
 	require.NoError(t, survivor.cmd.Process.Signal(syscall.SIGTERM))
 	assert.NoError(t, survivor.wait(t, 10*time.Second))
-	return hoKillRow{side, step, strings.TrimPrefix(sig.String(), "signal "), serves, sent, lost}
+	return hoKillRow{oldAt, newAt, victimSide, strings.TrimPrefix(sig.String(), "signal "), survivor.name, sent, lost}
 }
 
-// hoKillLossBound is the most a kill at a step may lose. SIGTERM loses
-// nothing: the victim sends what it read. SIGKILL loses what the victim
-// had read and not sent, at most a batch per worker socket (2 workers,
-// listen and upstream, 64 a batch); killed before it passed its sockets,
-// the predecessor takes its queues with it and the successor binds anew:
-// the client's datagrams until then are lost too (bounded by a second
-// at the client's rate).
-func hoKillLossBound(side, step string, sig syscall.Signal) int64 {
+// hoKillLossBound is the most a kill may lose. SIGTERM loses nothing:
+// the victim sends what it read. SIGKILL loses what the victim had read
+// and not sent, at most a batch per worker socket (2 workers, listen and
+// upstream, 64 a batch); a predecessor killed before it passed its
+// sockets takes their queues with it and the successor binds anew: the
+// client's datagrams until then are lost too (bounded by a second at the
+// client's rate).
+func hoKillLossBound(oldAt, victim string, sig syscall.Signal) int64 {
 	switch {
 	case sig == syscall.SIGTERM:
 		return 0
-	case side == "predecessor" && step == "hello-received":
+	case victim == "predecessor" && oldAt == "hello-received":
 		return hoKillRate
 	default:
 		return 2 * 2 * cidroute.DefaultBatchSize
