@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -355,4 +356,134 @@ func hoKillLossBound(oldAt, victim string, sig syscall.Signal) int64 {
 	default:
 		return 2 * 2 * cidroute.DefaultBatchSize
 	}
+}
+
+const hoSquatter = "CIDPROXY_TEST_HANDOVER_SQUATTER" // listen PATH ADDR, or dial PATH
+
+// TestHandoverSquatterChild is no test of its own: it is the other user's
+// process of TestHandoverPeerOtherUser. "listen" hands whoever connects a
+// UDP socket of its own as the listen socket of ADDR, with every backend
+// marked down; "dial" asks for the sockets and says whether it got any.
+func TestHandoverSquatterChild(t *testing.T) {
+	spec := strings.Fields(os.Getenv(hoSquatter))
+	if len(spec) == 0 {
+		t.Skip("the process that TestHandoverPeerOtherUser starts")
+	}
+	fail := func(err error) {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	switch spec[0] {
+	case "listen":
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: spec[1], Net: "unixpacket"})
+		if err != nil {
+			fail(err)
+		}
+		fmt.Println("listening")
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				fail(err)
+			}
+			u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			if err != nil {
+				fail(err)
+			}
+			recvHandover(c, time.Now().Add(5*time.Second))
+			m := hoMsg{Type: "sockets", PID: os.Getpid(), Version: "squatter",
+				Sockets: []hoSocket{{Role: "listen", Listen: spec[2]}}}
+			sendHandover(c, m, []syscall.Conn{u}, time.Now().Add(5*time.Second))
+		}
+	case "dial":
+		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: spec[1], Net: "unixpacket"})
+		if err != nil {
+			fail(err)
+		}
+		if err := sendHandover(c, hoMsg{Type: "hello", PID: os.Getpid(), Version: "squatter"}, nil, time.Now().Add(5*time.Second)); err != nil {
+			fmt.Println("refused:", err)
+			os.Exit(0)
+		}
+		m, files, err := recvHandover(c, time.Now().Add(5*time.Second))
+		if err != nil {
+			fmt.Println("refused:", err)
+			os.Exit(0)
+		}
+		fmt.Printf("got %s with %d descriptors\n", m.Type, len(files))
+		os.Exit(3)
+	}
+	os.Exit(2)
+}
+
+// squatter runs TestHandoverSquatterChild as uid 65534 (nobody), from a
+// copy of the test binary that user can run.
+func squatter(t *testing.T, spec string) *exec.Cmd {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cidproxy-squatter-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	bin := filepath.Join(dir, "test")
+	b, err := os.ReadFile(os.Args[0])
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, b, 0o755))
+	cmd := exec.Command(bin, "-test.run=^TestHandoverSquatterChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), hoSquatter+"="+spec)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.Dir = dir
+	return cmd
+}
+
+// TestHandoverPeerOtherUser: each side of a handover refuses a peer of
+// another user (SO_PEERCRED). A successor started by root does not take
+// the sockets of another user's process listening on its handover path
+// (there by a rename: its directory is root's), nor does a predecessor
+// give its sockets to another user's process, even with the socket
+// file's mode opened.
+func TestHandoverPeerOtherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to run a process as another user (uid 65534)")
+	}
+	t.Run("successor", func(t *testing.T) {
+		e := newHoEnv(t)
+		sqDir, err := os.MkdirTemp("", "cidproxy-squat-")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(sqDir) })
+		require.NoError(t, os.Chown(sqDir, 65534, 65534))
+		sqPath := filepath.Join(sqDir, "s.sock")
+		cmd := squatter(t, "listen "+sqPath+" "+e.svc.String())
+		var out syncBuffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		waitFor(t, 10*time.Second, "the squatter listening", func() bool { return strings.Contains(out.String(), "listening") })
+		require.NoError(t, os.Rename(sqPath, e.sock))
+
+		c, err := dialHandover(e.sock)
+		require.ErrorIs(t, err, errHandoverPeer)
+		require.Nil(t, c)
+		assert.Contains(t, err.Error(), "uid 65534")
+
+		r := e.start(t, Options{}, "-handover", e.sock)
+		require.Equal(t, 1, r.exited(t), "refused")
+		assert.Contains(t, r.logs.String(), "another user's process")
+		assert.NotContains(t, r.logs.String(), "handover: taking over")
+	})
+	t.Run("predecessor", func(t *testing.T) {
+		e := newHoEnv(t)
+		r := e.start(t, Options{}, "-handover", e.sock)
+		r.wait(t, "handover socket listening")
+		require.NoError(t, os.Chmod(filepath.Dir(e.dir), 0o755)) // for uid 65534 to reach it
+		require.NoError(t, os.Chmod(e.dir, 0o755))
+		require.NoError(t, os.Chmod(e.sock, 0o777)) // as if someone had
+		cmd := squatter(t, "dial "+e.sock)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		assert.Contains(t, string(out), "refused:")
+		r.wait(t, "handover socket: connection refused")
+		assert.Contains(t, r.logs.String(), "uid 65534")
+		assert.NotContains(t, r.logs.String(), "a successor asks for the sockets")
+		s := stream(t, e.svc, 100, 1000)
+		<-s.done
+		waitFor(t, 5*time.Second, "echoes", func() bool { return s.echoes.Load() == 100 })
+	})
 }
