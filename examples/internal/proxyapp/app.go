@@ -276,13 +276,14 @@ func serveOnce(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, o
 		hello hoMsg
 	}
 	successors := make(chan successor)
+	handedOver := false // a successor serves, or is about to
 	if opts.handover != "" {
 		hl, err := listenHandover(opts.handover, log)
 		if err != nil {
 			log.Error("handover socket: this process cannot be replaced without loss", "path", opts.handover, "err", err)
 		} else {
 			log.Info("handover socket listening", "path", opts.handover)
-			defer hl.close()
+			defer func() { hl.close(handedOver) }()
 			go func() {
 				for {
 					c, err := hl.accept()
@@ -331,6 +332,7 @@ func serveOnce(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, o
 			handing = nil
 			switch {
 			case r.took:
+				handedOver = true
 				stopMetrics()
 				return nil, stop()
 			case r.resume != nil:

@@ -473,7 +473,7 @@ func (p *proxy) waitBackends(ctx context.Context, within time.Duration, gone <-c
 
 // hoResult is how the old side of a handover ended.
 type hoResult struct {
-	took   bool       // the successor serves: this process stops
+	took   bool       // the successor serves (or will, alone): this process stops
 	resume *inherited // the successor vanished after this process stopped reading: serve again on these
 }
 
@@ -519,7 +519,7 @@ func (p *proxy) handOver(ctx context.Context, c *net.UnixConn, hello hoMsg, metr
 		c.Close()
 		<-got
 		log.Warn("handover: this process was told to stop; the successor serves alone")
-		return hoResult{}
+		return hoResult{took: true}
 	}
 	switch {
 	case r.err != nil:

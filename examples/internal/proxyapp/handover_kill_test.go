@@ -287,6 +287,9 @@ func handoverKill(t *testing.T, side, step, victimSide string, sig syscall.Signa
 	args := []string{"-handover", e.sock, "-config", e.path}
 	pauseOld, pauseNew := "", ""
 	oldAt, newAt := step, hoOtherWaits(side, step)
+	if newAt == "" {
+		newAt = "(bye sent)"
+	}
 	if side == "predecessor" {
 		pauseOld = side + "/" + step
 	} else {
@@ -333,11 +336,20 @@ func handoverKill(t *testing.T, side, step, victimSide string, sig syscall.Signa
 	require.NotNil(t, c, "the survivor listens on the handover socket")
 	c.Close()
 
-	t.Logf("old at %s, new at %s, %s %v: %s serves; sent %d, lost %d", oldAt, newAt, victimSide, sig, survivor.name, sent, lost)
+	how := survivor.name + ": serves on"
+	switch l := survivor.logs.String(); {
+	case strings.Contains(l, "serving again after the successor vanished"):
+		how = "old: serves again (kept sockets)"
+	case strings.Contains(l, "starting afresh"):
+		how = "new: binds afresh"
+	case survivor == nw:
+		how = "new: serves alone"
+	}
+	t.Logf("old at %s, new at %s, %s %v: %s; sent %d, lost %d", oldAt, newAt, victimSide, sig, how, sent, lost)
 	assert.LessOrEqual(t, lost, hoKillLossBound(oldAt, victimSide, sig), "loss")
 	require.NoError(t, survivor.cmd.Process.Signal(syscall.SIGTERM))
 	assert.NoError(t, survivor.wait(t, 10*time.Second))
-	return hoKillRow{oldAt, newAt, victimSide, strings.TrimPrefix(sig.String(), "signal "), survivor.name, sent, lost}
+	return hoKillRow{oldAt, newAt, victimSide, strings.TrimPrefix(sig.String(), "signal "), how, sent, lost}
 }
 
 // hoKillLossBound is the most a kill may lose. SIGTERM loses nothing:

@@ -152,9 +152,14 @@ func dupFile(c syscall.Conn) (*os.File, error) {
 }
 
 // close stops listening, and removes the socket file if it is still this
-// listener's (no successor has put its own there).
-func (l *handoverListener) close() {
+// listener's (no successor has put its own there). After a handover it
+// leaves the file: the successor renames its own over it at any moment,
+// and would lose it between the check and the removal.
+func (l *handoverListener) close(handedOver bool) {
 	l.ln.Close()
+	if handedOver {
+		return
+	}
 	var st unix.Stat_t
 	if unix.Stat(l.path, &st) == nil && st.Ino == l.ino {
 		os.Remove(l.path)

@@ -27,7 +27,7 @@ func dupFile(c syscall.Conn) (*os.File, error) { return nil, errNoHandover }
 
 func (l *handoverListener) accept() (*net.UnixConn, error) { return nil, errNoHandover }
 
-func (l *handoverListener) close() {}
+func (l *handoverListener) close(handedOver bool) {}
 
 func sendHandover(c *net.UnixConn, m hoMsg, conns []syscall.Conn, deadline time.Time) error {
 	return errNoHandover
