@@ -199,6 +199,7 @@ func takeOver(ctx context.Context, path string, log *slog.Logger) (*inherited, e
 			break
 		}
 	}
+	stopWaiting() // before watch: its read has no deadline
 	h.next, h.gone = make(chan hoRecvd, 1), make(chan struct{})
 	go h.watch()
 	log.Info("handover: taking over", "from_pid", h.pid, "from_version", h.version, "version", Version, "sockets", n)
