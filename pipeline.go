@@ -144,9 +144,11 @@ const (
 	// payload, far above what DTLS and QUIC peers send (pion 1200 bytes,
 	// quic-go at most 1452), at 9 KiB of buffer per datagram of a batch.
 	DefaultMaxDatagram = 9216
-	// MaxDatagram4 and MaxDatagram6 are the largest Config.MaxDatagram
-	// for a PPv2 service of each family: with the header, a UDP datagram.
+	// MaxDatagram4 is the largest Config.MaxDatagram for an IPv4 PPv2
+	// service: with the 28-byte header, a whole UDP datagram.
 	MaxDatagram4 = maxUDP4 - 28
+	// MaxDatagram6 is MaxDatagram4 for IPv6 (or dual-stack) services,
+	// whose header takes 52 bytes.
 	MaxDatagram6 = maxUDP6 - 52
 
 	maxUDP4 = 65535 - 20 - 8

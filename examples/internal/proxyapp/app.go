@@ -247,7 +247,7 @@ func serveOnce(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, o
 		if err != nil {
 			inh.abort(err)
 			p.close()
-			return fmt.Errorf("pprof_listen: %w", err)
+			return nil, fmt.Errorf("pprof_listen: %w", err)
 		}
 		defer pp.stop()
 	}
