@@ -112,9 +112,12 @@ type Config struct {
 	// BatchSize is the number of datagrams per recvmmsg/sendmmsg (0 =
 	// DefaultBatchSize).
 	BatchSize int
-	// MaxDatagram is the largest datagram accepted in either direction,
-	// PPv2 header included (0 = 9216). Larger ones are dropped as
-	// malformed.
+	// MaxDatagram is the largest datagram relayed in either direction,
+	// as a client sends or receives it: the PPv2 header is not counted
+	// (0 = DefaultMaxDatagram). A larger one is dropped as TooBig. With
+	// PROXY protocol the header is added on the way to the backend, so
+	// MaxDatagram plus the header must fit a UDP datagram: New refuses
+	// more than MaxDatagram4 for an IPv4 service, MaxDatagram6 for IPv6.
 	MaxDatagram int
 	// Logger receives start-up, shutdown and error logs, never one line
 	// per datagram. nil means slog.Default().
@@ -133,6 +136,22 @@ type Config struct {
 // CPUs of any host one proxy serves (one worker per CPU is the
 // default), far fewer than would exhaust its threads.
 const DefaultMaxWorkers = 1024
+
+// Datagram sizes. A UDP datagram carries at most 65,507 payload bytes over
+// IPv4 and 65,527 over IPv6; the PPv2 header takes 28 and 52 of them.
+const (
+	// DefaultMaxDatagram is Config.MaxDatagram's default: a jumbo frame's
+	// payload, far above what DTLS and QUIC peers send (pion 1200 bytes,
+	// quic-go at most 1452), at 9 KiB of buffer per datagram of a batch.
+	DefaultMaxDatagram = 9216
+	// MaxDatagram4 and MaxDatagram6 are the largest Config.MaxDatagram
+	// for a PPv2 service of each family: with the header, a UDP datagram.
+	MaxDatagram4 = maxUDP4 - 28
+	MaxDatagram6 = maxUDP6 - 52
+
+	maxUDP4 = 65535 - 20 - 8
+	maxUDP6 = 65535 - 8
+)
 
 // DefaultBatchSize is Config.BatchSize's default: 64 datagrams a syscall.
 // Flat out, against 32, it took cidproxy from 1.08× to 1.03× the CPU per
@@ -199,9 +218,9 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.BatchSize = DefaultBatchSize
 	}
 	if cfg.MaxDatagram == 0 {
-		cfg.MaxDatagram = 9216
+		cfg.MaxDatagram = DefaultMaxDatagram
 	}
-	if cfg.BatchSize < 1 || cfg.BatchSize > 1024 || cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535 {
+	if cfg.BatchSize < 1 || cfg.BatchSize > 1024 || cfg.MaxDatagram < 64 || cfg.MaxDatagram > maxUDP6 {
 		return fail(fmt.Errorf("batch size %d, max datagram %d: %w", cfg.BatchSize, cfg.MaxDatagram, ErrConfig))
 	}
 	if cfg.Wait > WaitThread {
@@ -229,6 +248,9 @@ func New(cfg Config) (*Pipeline, error) {
 		}
 	}
 	if err := checkWorkers(svcs, cfg.MaxWorkers); err != nil {
+		return fail(err)
+	}
+	if err := checkDatagram(svcs, cfg.MaxDatagram); err != nil {
 		return fail(err)
 	}
 	if err := sizeSessions(svcs, cfg.MaxDatagram); err != nil {
@@ -278,6 +300,9 @@ func (p *Pipeline) AddService(sc Service) error {
 	}
 	all = append(all, sc)
 	if err := checkWorkers(all, p.cfg.MaxWorkers); err != nil {
+		return fail(err)
+	}
+	if err := checkDatagram(all[len(all)-1:], p.cfg.MaxDatagram); err != nil {
 		return fail(err)
 	}
 	if err := sizeSessions(all, p.cfg.MaxDatagram); err != nil {
@@ -574,7 +599,7 @@ func (p *Pipeline) newWorker(s *service, in, up *net.UDPConn) (*worker, error) {
 		}
 		return nil, err
 	}
-	rp := &replies{router: s.router, own: &p.own, out: w.in, stall: sc.stall}
+	rp := &replies{router: s.router, own: &p.own, out: w.in, stall: sc.stall, maxDatagram: cfg.MaxDatagram}
 	w.rp, w.lenLog, w.stall = rp, &s.lenLog, sc.stall
 	if sc.Transparent {
 		w.up = newSessionTable(rp, sc.MaxSessions, sc.SessionIdle, cfg.MaxDatagram)
@@ -960,6 +985,25 @@ func (p *Pipeline) Run(ctx context.Context) error {
 // read: a successor in a restart handover waits for it before it tells
 // its predecessor to stop reading the sockets they share.
 func (p *Pipeline) Serving() <-chan struct{} { return p.serving }
+
+// checkDatagram refuses a MaxDatagram that the PPv2 header would push
+// past a UDP datagram of a service's family (an IPv6 or dual-stack
+// listener's being the smaller).
+func checkDatagram(svcs []Service, maxDatagram int) error {
+	for _, sc := range svcs {
+		limit := MaxDatagram6
+		if sc.Listen.Addr().Is4() {
+			limit = MaxDatagram4
+		}
+		if sc.Transparent {
+			limit = maxUDP6 // sent unchanged
+		}
+		if maxDatagram > limit {
+			return fmt.Errorf("service %s: max datagram %d and the PROXY header exceed a UDP datagram (at most %d here): %w", sc.Name, maxDatagram, limit, ErrConfig)
+		}
+	}
+	return nil
+}
 
 // checkWorkers refuses services whose workers, together, exceed max.
 func checkWorkers(svcs []Service, limit int) error {

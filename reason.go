@@ -13,7 +13,7 @@ type Reason uint8
 // Drop reasons. Every dropped datagram is counted under exactly one.
 const (
 	Forwarded       Reason = iota // not a drop
-	Malformed                     // the classifier rejected the datagram, it was larger than Config.MaxDatagram, or a reply had no payload
+	Malformed                     // the classifier rejected the datagram, or a reply had no payload
 	UnknownOrdinal                // CID ordinal reserved (255) or not in the registry
 	NotServing                    // CID ordinal names a backend that is gone
 	NoReadyBackend                // a new session, and no backend is ready
@@ -26,7 +26,7 @@ const (
 	SessionLimit                  // transparent mode: the session table is full
 	Unroutable                    // forward: a QUIC-LB CID no configuration decodes, and RouterConfig.Unroutable is UnroutableDrop
 	OwnAddress                    // forward: the chosen backend is one of the proxy's own addresses (a loop)
-	TooBig                        // the kernel refused to send it as too big (EMSGSIZE): with the PPv2 header it exceeds what the socket may send
+	TooBig                        // larger than Config.MaxDatagram (PPv2 header not counted), or the kernel refused to send it as too big (EMSGSIZE)
 	CIDLength                     // forward: a CID of another length than the service's (see ErrCIDLength): the backends and the proxy disagree on it
 
 	// NumReasons is the number of Reasons, Forwarded included: the size

@@ -76,6 +76,19 @@ func fdReserve(limit uint64) uint64 { return max(fdReserveMin, limit/8) }
 
 const fdReserveMin = 64
 
+// ReservedFDs returns how many of RLIMIT_NOFILE's descriptors a Pipeline
+// leaves to the rest of the process when it sizes its session tables: a
+// program fits what it opens beside the pipeline (an admin listener's
+// connections, health probes) into it. ok is false where the process has
+// no limit.
+func ReservedFDs() (n int, ok bool) {
+	limit, ok := fdLimit()
+	if !ok {
+		return 0, false
+	}
+	return int(min(fdReserve(limit), 1<<30)), true
+}
+
 // flow is a transparent session's key.
 type flow struct{ client, backend netip.AddrPort }
 

@@ -34,7 +34,7 @@ type sharedUpstream struct {
 // conn is closed on failure.
 func newSharedUpstream(rp *replies, conn *net.UDPConn, batch, maxDatagram int) (*sharedUpstream, error) {
 	u := &sharedUpstream{conn: conn, rp: rp,
-		revIn: rxMessages(batch, maxDatagram), revOut: make([]udpio.Message, batch)}
+		revIn: rxMessages(batch, maxDatagram+HeaderRoom), revOut: make([]udpio.Message, batch)}
 	var err error
 	if u.io, err = udpio.NewConn(u.conn, batch); err != nil {
 		u.conn.Close()
@@ -90,6 +90,8 @@ type replies struct {
 	out    *udpio.Conn // the service socket
 	rev    liveCounters
 	stall  *stall // the worker's, tests only
+
+	maxDatagram int // Config.MaxDatagram: a longer reply is TooBig
 }
 
 func (rp *replies) view() View {
@@ -110,12 +112,16 @@ func (rp *replies) relay(in, buf []udpio.Message, sess Session) error {
 	for i := range in {
 		m := &in[i]
 		if m.Err != nil {
-			c.Dropped[Malformed]++ // larger than MaxDatagram
+			c.Dropped[TooBig]++ // larger than the buffer: truncated
 			continue
 		}
 		rep := rp.router.Reverse(m.Buf[:m.N], m.Addr, sess, &v)
 		if rep.Reason != Forwarded {
 			c.Dropped[rep.Reason]++
+			continue
+		}
+		if len(rep.Payload) > rp.maxDatagram {
+			c.Dropped[TooBig]++
 			continue
 		}
 		o := &buf[len(out)]

@@ -225,7 +225,7 @@ func (w *worker) forwardBatch(c *Counters) (n int, rerr, err error) {
 	for i := range w.fwdIn[:n] {
 		m := &w.fwdIn[i]
 		if m.Err != nil {
-			c.Dropped[Malformed]++ // larger than MaxDatagram
+			c.Dropped[TooBig]++ // larger than MaxDatagram: truncated
 			continue
 		}
 		o := &w.fwdOut[len(out)]

@@ -14,13 +14,15 @@ import (
 	"github.com/cidroute/cidroute/registry"
 )
 
-// Target is what a Checker probes and marks: *registry.Registry.
+// Target is what a Checker probes and marks: *registry.Registry. The
+// marks are set through the registry.Marks the checker takes when it
+// starts and releases when it stops, so that none outlives it.
 type Target interface {
 	// Snapshot lists the backends to probe, each round.
 	Snapshot() *registry.Snapshot
-	// SetDown marks a backend down or up again, and reports whether the
-	// routing changed.
-	SetDown(ordinal uint8, addr netip.AddrPort, down bool) bool
+	// TakeMarks takes the registry's one handle for health marks, down
+	// those of down at once (see registry.Registry.TakeMarks).
+	TakeMarks(down []registry.Backend) *registry.Marks
 }
 
 var _ Target = (*registry.Registry)(nil)
@@ -44,7 +46,17 @@ type Config struct {
 	Fall, Rise int
 	// Logger receives the state changes (nil = slog.Default()).
 	Logger *slog.Logger
+	// Probe, when set, probes instead of ProbeAnswer with ProbeConfig
+	// (which still names the protocol): for example
+	// piondtls.DataProbe, a full handshake and one echo, which fails a
+	// backend that answers hellos but drops its sessions' data.
+	Probe ProbeFunc
 }
+
+// A ProbeFunc probes the backend at addr until ctx is done, as
+// ProbeAnswer does: a valid answer's round-trip time and Match, or an
+// error wrapping ErrTimeout, ErrRefused or ErrBadAnswer.
+type ProbeFunc func(ctx context.Context, addr netip.AddrPort) (time.Duration, Match, error)
 
 // Defaults of Config.
 const (
@@ -99,9 +111,11 @@ type Checker struct {
 	cfg    Config
 	target Target
 	log    *slog.Logger
-	probe  func(context.Context, netip.AddrPort, ProbeConfig) (time.Duration, error) // Probe; tests replace it
+	probe  func(context.Context, netip.AddrPort, ProbeConfig) (time.Duration, Match, error) // ProbeAnswer; tests replace it
 
 	mu       sync.Mutex
+	marks    *registry.Marks    // while Run runs; nil before and after
+	inherit  []registry.Backend // marked down when Run starts (Inherit)
 	backends map[key]*backendState
 	rtt      Histogram
 	rounds   atomic.Uint64 // rounds applied, for tests
@@ -116,6 +130,7 @@ type key struct {
 type backendState struct {
 	down      bool
 	confirmed bool // has answered since the checker met it
+	tied      bool // has given an answer Tied to its probe: Untied ones fail from now on
 	streak    int  // successes (down) or failures (up) in a row
 	results   [NumResults]uint64
 	since     time.Time // of the last change of state
@@ -129,13 +144,24 @@ func New(target Target, cfg Config) (*Checker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Checker{cfg: cfg, target: target, probe: Probe, backends: map[key]*backendState{},
-		log: cfg.Logger.With("service", cfg.Service, "protocol", cfg.Protocol.String())}, nil
+	c := &Checker{cfg: cfg, target: target, probe: ProbeAnswer, backends: map[key]*backendState{},
+		log: cfg.Logger.With("service", cfg.Service, "protocol", cfg.Protocol.String())}
+	if f := cfg.Probe; f != nil {
+		c.probe = func(ctx context.Context, a netip.AddrPort, _ ProbeConfig) (time.Duration, Match, error) {
+			return f(ctx, a)
+		}
+	}
+	return c, nil
 }
 
-// Run probes until ctx is done, then returns nil. The marks it set stay
-// in the target.
+// Run probes until ctx is done, then returns nil. Its marks live as long
+// as it runs: it takes the target's marks when it starts (retiring those
+// of any other checker of the target, and marking down what Inherit
+// handed it), and when it returns every mark it set is lifted, whatever
+// the backend's state.
 func (c *Checker) Run(ctx context.Context) error {
+	c.begin()
+	defer c.end()
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -152,6 +178,59 @@ func (c *Checker) Run(ctx context.Context) error {
 		}
 		t.Reset(wait - time.Since(start))
 	}
+}
+
+func (c *Checker) begin() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.marks = c.target.TakeMarks(c.inherit)
+}
+
+func (c *Checker) end() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.marks.Release()
+	c.marks = nil
+}
+
+// Inherit hands the checker down marks of a checker it replaces (one of a
+// previous process, in a restart handover, or of the configuration before
+// a reload): those backends start down, as not yet seen answering, and
+// come up when the checker's own probes say so. Call it before Run, or
+// while Run runs (the marks then apply at once).
+func (c *Checker) Inherit(down []registry.Backend) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inherit = slices.Clone(down)
+	for _, b := range down {
+		if st := c.backends[key{b.Ordinal, b.Addr}]; st != nil { // met already: down, as if never seen answering
+			st.down, st.confirmed, st.streak, st.since = true, false, 0, time.Now()
+		}
+		if c.marks != nil {
+			c.marks.SetDown(b.Ordinal, b.Addr, true)
+		}
+	}
+}
+
+// Down returns the backends the checker holds down (with those Inherit
+// gave it that it has not probed yet), to hand to a checker that
+// replaces it.
+func (c *Checker) Down() []registry.Backend {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []registry.Backend
+	for k, b := range c.backends {
+		if b.down {
+			out = append(out, registry.Backend{Ordinal: k.ordinal, Addr: k.addr})
+		}
+	}
+	for _, b := range c.inherit {
+		if _, met := c.backends[key{b.Ordinal, b.Addr}]; !met {
+			out = append(out, registry.Backend{Ordinal: b.Ordinal, Addr: b.Addr})
+		}
+	}
+	slices.SortFunc(out, func(a, b registry.Backend) int { return int(a.Ordinal) - int(b.Ordinal) })
+	return out
 }
 
 // round probes every candidate once, in parallel, and applies the results.
@@ -173,8 +252,9 @@ func (c *Checker) round(ctx context.Context) {
 		}
 	}
 	type outcome struct {
-		rtt time.Duration
-		err error
+		rtt   time.Duration
+		match Match
+		err   error
 	}
 	out := make([]outcome, len(cands))
 	var wg sync.WaitGroup
@@ -184,7 +264,7 @@ func (c *Checker) round(ctx context.Context) {
 			defer wg.Done()
 			pctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 			defer cancel()
-			out[i].rtt, out[i].err = c.probe(pctx, k.addr, c.cfg.ProbeConfig)
+			out[i].rtt, out[i].match, out[i].err = c.probe(pctx, k.addr, c.cfg.ProbeConfig)
 		}()
 	}
 	wg.Wait()
@@ -194,20 +274,30 @@ func (c *Checker) round(ctx context.Context) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, k := range cands {
-		c.apply(k, snap, out[i].rtt, out[i].err)
+		c.apply(k, snap, out[i].rtt, out[i].match, out[i].err)
 	}
 	c.rounds.Add(1)
 }
 
 // apply counts one probe's result and moves the backend's state. The
 // caller holds mu.
-func (c *Checker) apply(k key, snap *registry.Snapshot, rtt time.Duration, err error) {
+func (c *Checker) apply(k key, snap *registry.Snapshot, rtt time.Duration, m Match, err error) {
 	b := c.backends[k]
 	if b == nil {
 		// A backend the checker meets starts as the registry has it: up,
 		// or down when a previous checker marked it so.
 		b = &backendState{down: snap.Down(k.ordinal), since: time.Now()}
 		c.backends[k] = b
+	}
+	switch {
+	case err != nil:
+	case m == Tied:
+		b.tied = true
+	case b.tied:
+		// Its stack ties its answers to the probes: an untied one is
+		// someone else's, sent from its address (a frozen backend kept
+		// up by forged answers).
+		err = fmt.Errorf("%w: an answer not tied to the probe, from a backend whose answers were", ErrBadAnswer)
 	}
 	r := ResultOf(err)
 	b.results[r]++
@@ -241,13 +331,20 @@ func (c *Checker) apply(k key, snap *registry.Snapshot, rtt time.Duration, err e
 	// Keep the registry in step (a mark it dropped, a SetDown that raced
 	// with an update) without logging again.
 	if snap.Down(k.ordinal) != b.down {
-		c.target.SetDown(k.ordinal, k.addr, b.down)
+		c.mark(k, b.down)
 	}
 }
 
 func (c *Checker) set(k key, b *backendState, down bool) {
 	b.down, b.streak, b.since = down, 0, time.Now()
-	c.target.SetDown(k.ordinal, k.addr, down)
+	c.mark(k, down)
+}
+
+// mark sets the registry's mark; nothing outside Run.
+func (c *Checker) mark(k key, down bool) {
+	if c.marks != nil {
+		c.marks.SetDown(k.ordinal, k.addr, down)
+	}
 }
 
 // BackendStatus is one probed backend's state.

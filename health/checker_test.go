@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,14 +40,14 @@ func (s *script) set(a netip.AddrPort, ok bool) {
 	s.ok[a] = ok
 }
 
-func (s *script) probe(_ context.Context, a netip.AddrPort, _ ProbeConfig) (time.Duration, error) {
+func (s *script) probe(_ context.Context, a netip.AddrPort, _ ProbeConfig) (time.Duration, Match, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.probes[a]++
 	if s.ok[a] {
-		return time.Millisecond, nil
+		return time.Millisecond, Tied, nil
 	}
-	return 0, ErrTimeout
+	return 0, Untied, ErrTimeout
 }
 
 func lines(logs *testtool.SyncBuffer, what string) int { return strings.Count(logs.String(), what) }
@@ -65,6 +66,7 @@ func TestCheckerFallRise(t *testing.T) {
 	require.NoError(t, err)
 	s := &script{ok: map[netip.AddrPort]bool{a0: true, a1: true}, probes: map[netip.AddrPort]int{}}
 	c.probe = s.probe
+	c.begin() // as Run does
 	ctx := context.Background()
 	down := func(o uint8) bool { return reg.Snapshot().Down(o) }
 
@@ -192,10 +194,85 @@ func TestCheckerRun(t *testing.T) {
 	wait(true)
 	answering.Store(true)
 	wait(false)
+	answering.Store(false)
+	wait(true)
 	cancel()
 	require.NoError(t, <-done)
+	assert.False(t, reg.Snapshot().Down(0), "a stopped checker leaves no mark")
 	assert.Contains(t, logs.String(), "failures=3 first_probe=false result=timeout")
 	assert.Contains(t, logs.String(), "successes=2")
 	elapsed := time.Since(start)
 	assert.LessOrEqual(t, c.rounds.Load(), uint64(elapsed/(interval-jitter))+1, "paced: %d rounds in %v", c.rounds.Load(), elapsed)
+}
+
+// Issue 35: the marks are the running checker's. Stopping it lifts every
+// mark it set, a draining backend's too; a checker that replaces it
+// starts from what Inherit hands it and lifts it by its own probes; two
+// checkers never share marks (the one that starts last owns them).
+func TestCheckerOwnsItsMarks(t *testing.T) {
+	a0, a1 := netip.MustParseAddrPort("10.0.0.1:5684"), netip.MustParseAddrPort("10.0.0.2:5684")
+	bs := []registry.Backend{{Ordinal: 0, Addr: a0}, {Ordinal: 1, Addr: a1}}
+	reg := newRegistry(t, bs)
+	s := &script{ok: map[netip.AddrPort]bool{}, probes: map[netip.AddrPort]int{}}
+	newChecker := func() *Checker {
+		c, err := New(reg, Config{ProbeConfig: ProbeConfig{Protocol: cidroute.DTLS}, Interval: 20 * time.Millisecond,
+			Timeout: 10 * time.Millisecond, Fall: 1, Rise: 1, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		c.probe = s.probe
+		return c
+	}
+	run := func(c *Checker) (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- c.Run(ctx) }()
+		return func() { cancel(); require.NoError(t, <-done) }
+	}
+	a := newChecker()
+	stopA := run(a)
+	require.Eventually(t, func() bool { return reg.Stats().Down == 2 }, 10*time.Second, time.Millisecond)
+	assert.Equal(t, bs, a.Down())
+	drained := slices.Clone(bs)
+	drained[1].State = registry.Draining
+	require.NoError(t, reg.Update(drained)) // 1's mark waits quietly
+	stopA()
+	require.NoError(t, reg.Update(bs))
+	assert.Zero(t, reg.Stats().Down, "no checker, no mark: the draining backend's went too")
+
+	// A replacement starts from the marks handed over, and its probes
+	// lift them.
+	b := newChecker()
+	b.Inherit([]registry.Backend{{Ordinal: 1, Addr: a1}})
+	s.set(a0, true)
+	stopB := run(b)
+	require.Eventually(t, func() bool { return len(b.Stats().Backends) == 2 }, 10*time.Second, time.Millisecond)
+	assert.True(t, reg.Snapshot().Down(1), "inherited, still failing")
+	assert.False(t, reg.Snapshot().Down(0))
+	s.set(a1, true)
+	require.Eventually(t, func() bool { return !reg.Snapshot().Down(1) }, 10*time.Second, time.Millisecond)
+	s.set(a1, false)
+	require.Eventually(t, func() bool { return reg.Snapshot().Down(1) }, 10*time.Second, time.Millisecond)
+
+	// A second checker on the same registry takes the marks over; the
+	// first's verdicts no longer reach the registry, and its stop lifts
+	// nothing of the second's.
+	c := newChecker()
+	c.Inherit(b.Down())
+	stopC := run(c)
+	require.Eventually(t, func() bool { return len(c.Stats().Backends) == 2 }, 10*time.Second, time.Millisecond)
+	stopB()
+	assert.True(t, reg.Snapshot().Down(1), "c's mark")
+	stopC()
+	assert.Zero(t, reg.Stats().Down)
+
+	// Inherit while running, on a backend the checker has met: down at
+	// once, up by its probes.
+	d := newChecker()
+	d.begin()
+	s.set(a1, true)
+	d.round(context.Background())
+	d.Inherit([]registry.Backend{{Ordinal: 0, Addr: a0}})
+	assert.True(t, reg.Snapshot().Down(0), "down at once")
+	d.round(context.Background())
+	assert.False(t, reg.Snapshot().Down(0), "up at its first success (rise 1)")
+	d.end()
 }

@@ -8,14 +8,31 @@
 // the port); a probe that must draw the stack's own answer does not. The
 // probes follow the contract of package ppv2/backend ("Health probes"):
 //
-//   - DTLS: a PPv2 LOCAL header, then a ClientHello (DTLS 1.2, no cookie)
-//     in one epoch-0 record. The answer must be a datagram whose first
-//     record is an epoch-0 handshake record holding a HelloVerifyRequest or
-//     a ServerHello.
+//   - DTLS: a PPv2 LOCAL header, then a ClientHello (DTLS 1.2, no cookie,
+//     a fresh random and a random record sequence number) in one epoch-0
+//     record. The answer must be a datagram whose first record is an
+//     epoch-0 handshake record holding a plausible answer to it: a
+//     HelloVerifyRequest (message_seq 0, unfragmented, a cookie of 1 to
+//     255 bytes) or a ServerHello choosing a suite the hello offered. A
+//     HelloVerifyRequest that echoes the record sequence number (RFC 6347
+//     §4.2.2) is tied to the probe.
 //   - QUIC: a PPv2 LOCAL header, then a long-header packet of a version
 //     reserved for negotiation (0x?a?a?a?a), random connection IDs, padded
 //     to 1200 bytes. The answer must be a Version Negotiation packet whose
 //     connection IDs are the probe's, swapped.
+//
+// An answer that echoes random values of its probe is [Tied] to it; no
+// one who cannot see the probe can forge it. Once a backend has answered
+// tied, the checker counts an untied answer from it as a bad answer, so
+// that answers forged from a frozen backend's address do not keep it up.
+// A backend that never ties its answers (a ServerHello without the
+// cookie exchange; pion/dtls answering a direct probe) is judged by
+// plausibility alone.
+//
+// Config.Probe replaces the hello probe with another [ProbeFunc]: the
+// piondtls adapter's DataProbe runs a full handshake and one echo, for
+// backends that can serve it, so that a backend that answers hellos but
+// drops data goes down too.
 //
 // Each probe has its own connected UDP socket: an answer is matched by the
 // kernel to the probe that asked (a late answer to an earlier probe dies
@@ -35,10 +52,17 @@
 // row (default 3) and up again after Config.Rise successes in a row
 // (default 2); a backend the checker has not yet seen answer goes down at
 // its first failure, so that a dead backend in a fresh list takes new
-// sessions for one round at most. Down is [registry.Registry.SetDown]: the
+// sessions for one round at most. Down is [registry.Marks.SetDown]: the
 // backend takes no new sessions and keeps its CID sessions, as a draining
 // one does. A backend that drains answers no probes, so probes and
 // draining agree.
+//
+// The marks belong to the running checker: Run takes the registry's
+// [registry.Marks] when it starts and releases them when it returns, which
+// lifts every mark it set, in every backend state. A checker that
+// replaces another (a reload, a restart handover) starts from the marks
+// [Checker.Inherit] hands it and keeps or lifts them by its own probes;
+// without a checker a registry has no marks.
 //
 // Detection time: a backend that stops answering right after a successful
 // probe is down at most Fall × Interval + Timeout later; one that answers

@@ -38,6 +38,13 @@ func FuzzCheckAnswer(f *testing.F) {
 				t.Fatalf("DTLS: passed %x", b)
 			}
 		}
+		if m, err := CheckDTLSReply(b, hello); err != nil {
+			if !errors.Is(err, ErrBadAnswer) || m != Untied {
+				t.Fatalf("DTLS reply: %v %v", m, err)
+			}
+		} else if CheckDTLSAnswer(b) != nil {
+			t.Fatalf("DTLS reply: passed %x, which CheckDTLSAnswer refuses", b)
+		}
 		if err := CheckQUICAnswer(b, dcid, scid); err != nil {
 			if !errors.Is(err, ErrBadAnswer) {
 				t.Fatalf("QUIC: %v", err)

@@ -121,13 +121,34 @@ const maxAnswer = 4096
 // error when the probe could not be sent). Probe is safe for concurrent
 // use; each call has a socket of its own.
 func Probe(ctx context.Context, addr netip.AddrPort, cfg ProbeConfig) (time.Duration, error) {
+	rtt, _, err := ProbeAnswer(ctx, addr, cfg)
+	return rtt, err
+}
+
+// Match says how a valid answer is tied to the probe it answers.
+type Match uint8
+
+const (
+	// Untied: a plausible answer that echoes nothing of the probe (a
+	// ServerHello; a HelloVerifyRequest from a stack that ignores RFC 6347
+	// §4.2.2's record sequence number), which anyone able to send from
+	// the backend's address could have forged.
+	Untied Match = iota
+	// Tied: the answer echoes random values of the probe (QUIC: both
+	// connection IDs; DTLS: the ClientHello's record sequence number in
+	// the HelloVerifyRequest).
+	Tied
+)
+
+// ProbeAnswer is Probe, and says how the answer matched the probe.
+func ProbeAnswer(ctx context.Context, addr netip.AddrPort, cfg ProbeConfig) (time.Duration, Match, error) {
 	if err := cfg.validate(); err != nil {
-		return 0, err
+		return 0, Untied, err
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "udp", addr.String())
 	if err != nil {
-		return 0, err
+		return 0, Untied, err
 	}
 	defer c.Close()
 	if dl, ok := ctx.Deadline(); ok {
@@ -138,18 +159,19 @@ func Probe(ctx context.Context, addr netip.AddrPort, cfg ProbeConfig) (time.Dura
 
 	p, err := newPayload(cfg)
 	if err != nil {
-		return 0, err
+		return 0, Untied, err
 	}
 	start := time.Now()
 	if _, err := c.Write(p.datagram); err != nil {
-		return 0, probeError(err)
+		return 0, Untied, probeError(err)
 	}
 	buf := make([]byte, maxAnswer)
 	n, err := c.Read(buf)
 	if err != nil {
-		return 0, probeError(err)
+		return 0, Untied, probeError(err)
 	}
-	return time.Since(start), p.check(buf[:n])
+	m, err := p.check(buf[:n])
+	return time.Since(start), m, err
 }
 
 // probeError classifies a socket error of a probe.
@@ -167,8 +189,10 @@ func probeError(err error) error {
 type payload struct {
 	proto    cidroute.Protocol
 	datagram []byte
+	hello    []byte // DTLS: the ClientHello record
 	dcid     []byte // QUIC: the probe's DCID, the answer's SCID
 	scid     []byte // QUIC: the probe's SCID, the answer's DCID
+	version  uint32 // QUIC: the probe's version, which the answer must not list
 }
 
 func newPayload(cfg ProbeConfig) (*payload, error) {
@@ -186,12 +210,15 @@ func newPayload(cfg ProbeConfig) (*payload, error) {
 		if suites == nil {
 			suites = DefaultCipherSuites
 		}
+		n := len(b)
 		if b, err = AppendClientHello(b, suites); err != nil {
 			return nil, err
 		}
+		p.hello = b[n:]
 	case cidroute.QUIC:
 		p.dcid, p.scid = randomBytes(16), randomBytes(8)
-		b = AppendVersionProbe(b, reservedVersion(), p.dcid, p.scid)
+		p.version = reservedVersion()
+		b = AppendVersionProbe(b, p.version, p.dcid, p.scid)
 	}
 	p.datagram = b
 	return p, nil
@@ -210,21 +237,33 @@ func randomBytes(n int) []byte {
 func reservedVersion() uint32 { return rand.Uint32()&0xf0f0f0f0 | 0x0a0a0a0a }
 
 // check validates an answer.
-func (p *payload) check(b []byte) error {
+func (p *payload) check(b []byte) (Match, error) {
 	if ppv2.Sniff(b) {
-		return fmt.Errorf("%w: a PROXY header on the answer to LOCAL", ErrBadAnswer)
+		return Untied, fmt.Errorf("%w: a PROXY header on the answer to LOCAL", ErrBadAnswer)
 	}
 	switch p.proto {
 	case cidroute.DTLS:
-		return CheckDTLSAnswer(b)
+		return CheckDTLSReply(b, p.hello)
 	default:
-		return CheckQUICAnswer(b, p.dcid, p.scid)
+		if err := CheckQUICAnswer(b, p.dcid, p.scid); err != nil {
+			return Untied, err
+		}
+		// RFC 9000 §6.2: a Version Negotiation that lists the version
+		// sent answers some other packet.
+		for v := b[7+len(p.dcid)+len(p.scid):]; len(v) >= 4; v = v[4:] {
+			if binary.BigEndian.Uint32(v) == p.version {
+				return Untied, fmt.Errorf("%w: Version Negotiation listing the probe's own version %#x", ErrBadAnswer, p.version)
+			}
+		}
+		return Tied, nil
 	}
 }
 
 // AppendClientHello appends a DTLS probe's datagram to dst: one epoch-0
 // handshake record (record version DTLS 1.0, as many clients send their
-// first flight) holding a ClientHello for DTLS 1.2 with a random random,
+// first flight) with a random record sequence number, which a
+// HelloVerifyRequest echoes (RFC 6347 §4.2.2), holding a ClientHello
+// (message_seq 0) for DTLS 1.2 with a random random,
 // no session ID, no cookie, the given cipher suites, the null compression
 // method and the extensions an ECDHE handshake needs (supported groups,
 // point formats, signature algorithms, extended master secret,
@@ -251,7 +290,7 @@ func AppendClientHello(dst []byte, suites []uint16) ([]byte, error) {
 	body = binary.BigEndian.AppendUint16(body, uint16(len(ext)))
 	body = append(body, ext...)
 	hs := dtls.AppendHandshake(nil, dtls.HandshakeClientHello, 0, body)
-	return dtls.AppendRecord(dst, dtls.Record{Type: dtls.Handshake, Version: dtls.VersionDTLS10, Fragment: hs})
+	return dtls.AppendRecord(dst, dtls.Record{Type: dtls.Handshake, Version: dtls.VersionDTLS10, Seq: rand.Uint64() >> 16, Fragment: hs})
 }
 
 func appendExtension(dst []byte, typ uint16, data []byte) []byte {
@@ -263,22 +302,133 @@ func appendExtension(dst []byte, typ uint16, data []byte) []byte {
 // CheckDTLSAnswer reports whether b is a DTLS stack's answer to a
 // ClientHello: its first record is an epoch-0 handshake record whose
 // message is a HelloVerifyRequest or a ServerHello. An alert (no shared
-// cipher suite) or anything else wraps ErrBadAnswer.
+// cipher suite) or anything else wraps ErrBadAnswer. It does not tie the
+// answer to a probe: CheckDTLSReply does.
 func CheckDTLSAnswer(b []byte) error {
+	_, _, err := parseDTLSAnswer(b)
+	return err
+}
+
+// CheckDTLSReply reports whether answer is a DTLS stack's answer to hello,
+// a ClientHello record as AppendClientHello makes it, and how it is tied
+// to it. A HelloVerifyRequest must be one unfragmented message_seq 0
+// message of a DTLS version with a cookie of 1 to 255 bytes; it is Tied
+// when its record sequence number is the hello's (RFC 6347 §4.2.2: the
+// server MUST echo it; pion/dtls does not, cidroute's piondtls adapter
+// does for probes). A ServerHello must choose a DTLS version, a cipher
+// suite the hello offered and no compression; nothing in it echoes the
+// hello, so it is Untied. Anything else wraps ErrBadAnswer.
+func CheckDTLSReply(answer, hello []byte) (Match, error) {
+	r, h, err := parseDTLSAnswer(answer)
+	if err != nil {
+		return Untied, err
+	}
+	q, _, err := dtls.ParseRecord(hello, dtls.MinCIDLen)
+	if err != nil || len(q.Fragment) < 12+2+32+2 {
+		return Untied, fmt.Errorf("%w: not a ClientHello record", ErrConfig)
+	}
+	bad := func(format string, args ...any) (Match, error) {
+		return Untied, fmt.Errorf("%w: "+format, append([]any{ErrBadAnswer}, args...)...)
+	}
+	if h.fragOff != 0 || h.fragLen != h.length || len(h.body) != h.length {
+		return bad("a fragmented or truncated %v", h.typ)
+	}
+	if !dtlsVersion(h.version()) {
+		return bad("%v of version %#04x", h.typ, h.version())
+	}
+	switch h.typ {
+	case dtls.HandshakeHelloVerifyRequest:
+		if h.messageSeq != 0 {
+			return bad("HelloVerifyRequest of message_seq %d answers no first ClientHello", h.messageSeq)
+		}
+		if len(h.body) < 3 || int(h.body[2]) == 0 || len(h.body) != 3+int(h.body[2]) {
+			return bad("HelloVerifyRequest of %d bytes: want a cookie of 1 to 255 bytes, nothing after it", len(h.body))
+		}
+		if r.Seq != q.Seq {
+			return Untied, nil
+		}
+		return Tied, nil
+	default: // ServerHello: version, random, session_id, cipher_suite, compression
+		b := h.body
+		if len(b) < 2+32+1 || len(b) < 2+32+1+int(b[34])+3 || b[34] > 32 {
+			return bad("a ServerHello of %d bytes", len(b))
+		}
+		b = b[2+32+1+int(b[34]):]
+		if suite := binary.BigEndian.Uint16(b); !offers(q.Fragment[12:], suite) {
+			return bad("a ServerHello choosing the cipher suite %#04x, which the probe did not offer", suite)
+		}
+		if b[2] != 0 {
+			return bad("a ServerHello choosing compression %d", b[2])
+		}
+		return Untied, nil
+	}
+}
+
+func dtlsVersion(v uint16) bool { return v == dtls.VersionDTLS12 || v == dtls.VersionDTLS10 }
+
+// offers reports whether a ClientHello body offers suite.
+func offers(body []byte, suite uint16) bool {
+	p := 2 + 32
+	if len(body) < p+1 {
+		return false
+	}
+	p += 1 + int(body[p]) // session_id
+	if len(body) < p+1 {
+		return false
+	}
+	p += 1 + int(body[p]) // cookie
+	if len(body) < p+2 {
+		return false
+	}
+	n := int(binary.BigEndian.Uint16(body[p:]))
+	suites := body[p+2 : min(len(body), p+2+n)]
+	for i := 0; i+1 < len(suites); i += 2 {
+		if binary.BigEndian.Uint16(suites[i:]) == suite {
+			return true
+		}
+	}
+	return false
+}
+
+// handshake is a parsed handshake message header; body aliases the
+// record's fragment.
+type handshake struct {
+	typ                      dtls.HandshakeType
+	length, fragOff, fragLen int
+	messageSeq               uint16
+	body                     []byte // up to fragLen bytes, as many as the record holds
+}
+
+func (h handshake) version() uint16 {
+	if len(h.body) < 2 {
+		return 0
+	}
+	return binary.BigEndian.Uint16(h.body)
+}
+
+// parseDTLSAnswer parses the first record of an answer and the header of
+// its handshake message, which must be a HelloVerifyRequest or a
+// ServerHello.
+func parseDTLSAnswer(b []byte) (dtls.Record, handshake, error) {
 	r, _, err := dtls.ParseRecord(b, dtls.MinCIDLen)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%w: %v", ErrBadAnswer, err)
+		return r, handshake{}, fmt.Errorf("%w: %v", ErrBadAnswer, err)
 	case r.Type != dtls.Handshake || r.Epoch != 0:
-		return fmt.Errorf("%w: a %v record of epoch %d", ErrBadAnswer, r.Type, r.Epoch)
+		return r, handshake{}, fmt.Errorf("%w: a %v record of epoch %d", ErrBadAnswer, r.Type, r.Epoch)
 	case len(r.Fragment) < 12:
-		return fmt.Errorf("%w: a handshake record of %d bytes", ErrBadAnswer, len(r.Fragment))
+		return r, handshake{}, fmt.Errorf("%w: a handshake record of %d bytes", ErrBadAnswer, len(r.Fragment))
 	}
-	switch t := dtls.HandshakeType(r.Fragment[0]); t {
+	f := r.Fragment
+	u24 := func(b []byte) int { return int(b[0])<<16 | int(b[1])<<8 | int(b[2]) }
+	h := handshake{typ: dtls.HandshakeType(f[0]), length: u24(f[1:]), messageSeq: binary.BigEndian.Uint16(f[4:]),
+		fragOff: u24(f[6:]), fragLen: u24(f[9:])}
+	h.body = f[12:min(len(f), 12+h.fragLen)]
+	switch h.typ {
 	case dtls.HandshakeHelloVerifyRequest, dtls.HandshakeServerHello:
-		return nil
+		return r, h, nil
 	default:
-		return fmt.Errorf("%w: handshake message type %d", ErrBadAnswer, t)
+		return r, h, fmt.Errorf("%w: handshake message type %d", ErrBadAnswer, h.typ)
 	}
 }
 

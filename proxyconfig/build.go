@@ -46,10 +46,13 @@ type Options struct {
 	Context context.Context
 }
 
-// Errors of Validate and Build, wrapped with the service's name.
+// Errors of Validate and Build, wrapped by an *Error at the service.
 var (
+	// ErrNoKubernetes: a service has a "kubernetes" key and Options no
+	// Kubernetes hook.
 	ErrNoKubernetes = errors.New(`proxyconfig: "kubernetes" backends need Options.Kubernetes`)
-	ErrNoSource     = errors.New("proxyconfig: no backends: give backends, backends_file or kubernetes")
+	// ErrNoSource: a service has no backends key and Options no Source.
+	ErrNoSource = errors.New("proxyconfig: no backends: give backends, backends_file or kubernetes")
 )
 
 // StopWait bounds how long Registries.Run waits, once its context is
@@ -58,27 +61,32 @@ var (
 const StopWait = time.Second
 
 // Validate reports what Build would refuse for lack of a hook in o: a
-// "kubernetes" service without Options.Kubernetes, a service without
-// backends key without Options.Source; and what a start would refuse: a
-// static backend at a service's listen or public address, or at a
-// wildcard listen's port on one of the host's addresses
-// (cidroute.CheckBackends, as cidroute.New checks it).
+// "kubernetes" service without Options.Kubernetes (ErrNoKubernetes), a
+// service without backends key without Options.Source (ErrNoSource); and
+// what a start would refuse: a static backend at a service's listen or
+// public address, or at a wildcard listen's port on one of the host's
+// addresses (cidroute.CheckBackends, as cidroute.New checks it). The
+// errors are *Error, positioned in the file when c was read from one.
 func (c *Config) Validate(o Options) error {
 	for _, s := range c.Services {
 		switch {
 		case s.Kubernetes != nil && o.Kubernetes == nil:
-			return fmt.Errorf("service %q: %w", s.Name, ErrNoKubernetes)
+			return c.serviceErr(s, "kubernetes", "this program has no Kubernetes source", `list the backends with "backends" or "backends_file"`, ErrNoKubernetes)
 		case s.Kubernetes == nil && s.BackendsFile == "" && s.Backends == nil && o.Source == nil:
-			return fmt.Errorf("service %q: %w", s.Name, ErrNoSource)
+			return c.serviceErr(s, "", "no backends", `add "backends", "backends_file" or "kubernetes"`, ErrNoSource)
 		}
 	}
-	return c.checkOwnBackends(func(i int) []registry.Backend { return c.Services[i].Backends })
+	return c.checkOwnBackends(func(i int) []registry.Backend { return c.Services[i].Backends },
+		func(i, k int) *Error {
+			return c.serviceErr(c.Services[i], fmt.Sprintf("backends[%d].address", k), "", "", nil)
+		})
 }
 
 // checkOwnBackends applies cidroute.CheckBackends to the services, with
 // their listen addresses as the proxy's own (its upstream sockets are not
-// bound yet) and the host's current addresses for wildcard listens.
-func (c *Config) checkOwnBackends(backends func(i int) []registry.Backend) error {
+// bound yet) and the host's current addresses for wildcard listens. The
+// error is at(i, k), the position of service i's backend k, completed.
+func (c *Config) checkOwnBackends(backends func(i int) []registry.Backend, at func(i, k int) *Error) error {
 	svcs := make([]cidroute.Service, len(c.Services))
 	listens := make([]netip.AddrPort, len(c.Services))
 	for i, s := range c.Services {
@@ -86,7 +94,50 @@ func (c *Config) checkOwnBackends(backends func(i int) []registry.Backend) error
 		listens[i] = s.Listen
 	}
 	host, _ := cidroute.LocalAddrs() // none: loopback still counts as the host's
-	return cidroute.CheckBackends(svcs, cidroute.NewOwnAddrs(listens, host), backends)
+	own := cidroute.NewOwnAddrs(listens, host)
+	if cidroute.CheckBackends(svcs, own, backends) == nil {
+		return nil
+	}
+	for i := range c.Services { // which backend: one at a time
+		for k, b := range backends(i) {
+			one := func(j int) []registry.Backend {
+				if j == i {
+					return []registry.Backend{b}
+				}
+				return nil
+			}
+			if err := cidroute.CheckBackends(svcs, own, one); err != nil {
+				e := at(i, k)
+				e.Problem = fmt.Sprintf("%v is an address of this proxy (a service's listen or public address, or a host address at a wildcard listen's port): datagrams sent there would loop", b.Addr)
+				e.Fix = "write the backend's own address"
+				e.Err = err
+				return e
+			}
+		}
+	}
+	return cidroute.CheckBackends(svcs, own, backends) // not found one by one: cannot happen
+}
+
+// serviceErr makes the error of key in s (a path in the service:
+// "cid_keys_file", "backends[2].address"; "" for the service itself),
+// positioned when c (which may be nil) was read from a file that has s.
+func (c *Config) serviceErr(s Service, key, problem, fix string, cause error) *Error {
+	var e *Error
+	if path, ok := c.servicePath(s.Name); ok {
+		e = c.src.err(join(path, key), problem, fix)
+	} else {
+		e = &Error{Key: join(fmt.Sprintf("services[%q]", s.Name), key), Problem: problem, Fix: fix}
+	}
+	e.Err = cause
+	return e
+}
+
+func (c *Config) servicePath(name string) (string, bool) {
+	if c == nil || c.src == nil {
+		return "", false
+	}
+	path, ok := c.src.services[name]
+	return path, ok
 }
 
 // Registries are the registries of a Config's services, the sources that
@@ -139,9 +190,12 @@ func (c *Config) Build(o Options) (*Registries, error) {
 	}
 	r := &Registries{log: log, seed: c.Seed}
 	for _, sc := range c.Services {
-		s, def, err := r.build(c.Seed, sc, o, log.With("service", sc.Name))
+		s, def, err := r.build(c, sc, o, log.With("service", sc.Name))
 		if err != nil {
 			r.Close()
+			if _, ok := err.(*Error); ok { // names the service already
+				return nil, err
+			}
 			return nil, fmt.Errorf("service %q: %w", sc.Name, err)
 		}
 		r.services = append(r.services, s)
@@ -150,8 +204,10 @@ func (c *Config) Build(o Options) (*Registries, error) {
 	return r, nil
 }
 
-func (r *Registries) build(seed uint64, sc Service, o Options, log *slog.Logger) (_ *service, _ cidroute.Service, err error) {
-	reg, err := registry.New(registry.Config{Service: sc.Name, Seed: seed, MaxAge: sc.MaxAge, Logger: log})
+// build makes what Build makes for sc, a service of c, which may be nil
+// (AddService): it positions the errors in c's file.
+func (r *Registries) build(c *Config, sc Service, o Options, log *slog.Logger) (_ *service, _ cidroute.Service, err error) {
+	reg, err := registry.New(registry.Config{Service: sc.Name, Seed: r.seed, MaxAge: sc.MaxAge, Logger: log})
 	if err != nil {
 		return nil, cidroute.Service{}, err
 	}
@@ -179,9 +235,9 @@ func (r *Registries) build(seed uint64, sc Service, o Options, log *slog.Logger)
 		if ctx == nil {
 			ctx = context.Background()
 		}
-		f, err := cidkeys.Open(ctx, e.KeysFile, e.NonceLen)
+		f, err := c.openKeys(ctx, sc)
 		if err != nil {
-			return nil, cidroute.Service{}, fmt.Errorf("cid_keys_file: %w", err)
+			return nil, cidroute.Service{}, err
 		}
 		f.Interval, f.Logger = o.KeysPoll, log
 		log.Info("CID keys loaded", "cid_keys_file", e.KeysFile, "codec", f.Codec().String())

@@ -83,7 +83,7 @@ func TestBuildSources(t *testing.T) {
 
 	_, err := c.Build(Options{})
 	require.ErrorIs(t, err, ErrNoSource)
-	require.ErrorContains(t, err, `service "own"`)
+	require.EqualError(t, err, `1:15: services[0]: no backends; add "backends", "backends_file" or "kubernetes"`)
 	require.ErrorIs(t, c.Validate(Options{}), ErrNoSource)
 
 	var gotK Kubernetes
@@ -101,7 +101,7 @@ func TestBuildSources(t *testing.T) {
 	}
 	_, err = c.Build(Options{Source: own})
 	require.ErrorIs(t, err, ErrNoKubernetes)
-	require.ErrorContains(t, err, `service "k"`)
+	require.EqualError(t, err, `1:155: services[1].kubernetes: this program has no Kubernetes source; list the backends with "backends" or "backends_file"`)
 	require.ErrorIs(t, c.Validate(Options{Source: own}), ErrNoKubernetes)
 
 	asked = nil
@@ -200,17 +200,17 @@ func TestValidateOwnBackends(t *testing.T) {
 		want     string
 	}{
 		"its own listen": {services: []string{`{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends": [{"ordinal": 0, "address": "127.0.0.1:5684"}]}`},
-			want: `service a: backend 0 at 127.0.0.1:5684 is one of the proxy's own addresses`},
+			want: `1:116: services[0].backends[0].address: 127.0.0.1:5684 is an address of this proxy`},
 		"a sibling's listen": {services: []string{
 			`{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends": [{"ordinal": 0, "address": "127.0.0.1:6000"}]}`,
 			`{"name": "b", "protocol": "dtls", "listen": "127.0.0.1:5685", "backends": [{"ordinal": 0, "address": "[::ffff:127.0.0.1]:5684"}]}`},
-			want: `service b: backend 0 at 127.0.0.1:5684 is one of the proxy's own addresses`},
+			want: `services[1].backends[0].address: [::ffff:127.0.0.1]:5684 is an address of this proxy`},
 		"a wildcard listen": {services: []string{`{"name": "a", "protocol": "dtls", "listen": "0.0.0.0:5684", "backends": [{"ordinal": 1, "address": "127.0.0.3:5684"}]}`},
-			want: "one of the proxy's own addresses"},
+			want: "services[0].backends[0].address: 127.0.0.3:5684 is an address of this proxy"},
 		"its public address": {services: []string{`{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends": [{"ordinal": 0, "address": "192.0.2.1:5684"}]}`},
-			public: "192.0.2.1:5684", want: "is the public address of service a"},
+			public: "192.0.2.1:5684", want: "services[0].backends[0].address: 192.0.2.1:5684 is an address of this proxy"},
 		"in backends_file": {services: []string{`{"name": "f", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends_file": "` + filepath.Join(dir, "f.json") + `"}`},
-			file: `[{"ordinal": 0, "address": "127.0.0.1:5684"}]`, want: "one of the proxy's own addresses"},
+			file: `[{"ordinal": 0, "address": "127.0.0.1:5684"}]`, want: filepath.Join(dir, "f.json") + ":1:28: [0].address: 127.0.0.1:5684 is an address of this proxy"},
 	} {
 		c := mustParse(t, withServices(tc.services...))
 		if tc.public != "" {

@@ -1,7 +1,6 @@
 package proxyconfig
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +11,8 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,12 +25,13 @@ import (
 	"github.com/cidroute/cidroute/registry"
 )
 
-// The JSON file, as written. Every object is read by decodeStrict: keys
+// The JSON file, as written. Every object is read by source.decode: keys
 // match exactly and once, unknown keys are errors, so a typo is reported
 // instead of silently taking a default.
 type fileConfig struct {
 	HRWSeed       uint64            `json:"hrw_seed"`
 	MetricsListen string            `json:"metrics_listen"`
+	PprofListen   string            `json:"pprof_listen"`
 	LogLevel      string            `json:"log_level"`
 	Wait          string            `json:"wait"`
 	XDPInterfaces []string          `json:"xdp_interfaces"` // xdp.go
@@ -71,6 +73,7 @@ type fileLimits struct {
 type Config struct {
 	Seed          uint64     // hrw_seed
 	MetricsListen string     // metrics_listen; "" = no metrics endpoint
+	PprofListen   string     // pprof_listen: Go's profiler, on a listener of its own; "" = none
 	LogLevel      slog.Level // log_level
 	// Wait ("wait") is how the pipeline's workers wait for datagrams:
 	// "thread" (the default here: each worker holds a thread that waits
@@ -81,18 +84,29 @@ type Config struct {
 	// path: distinct names, not checked against the host. Attaching is the
 	// program's (module cidroute/xdp, xdp.Accelerate).
 	XDPInterfaces []string
-	Services      []Service
+	// Services ("services") are the services in the file's order, at
+	// least one, with distinct names and listen addresses.
+	Services []Service
+
+	src *source // the file it was read from, to position later errors; nil when built in Go
 }
 
 // Service is one entry of "services". The zero values of Workers,
 // MaxSessions, SessionIdle and MaxAge mean the library's defaults.
 type Service struct {
-	Name     string
+	// Name ("name") labels the service in metrics and logs; unique.
+	Name string
+	// Protocol ("protocol"): cidroute.DTLS or cidroute.QUIC.
 	Protocol cidroute.Protocol
-	Listen   netip.AddrPort
+	// Listen ("listen") is the address the service's sockets bind,
+	// unmapped: a unicast or wildcard address and a non-zero port.
+	Listen netip.AddrPort
 	// Public is the public address (the VIP) when it differs from Listen;
 	// zero means Listen. Not in the JSON yet; a program may set it.
 	Public netip.AddrPort
+	// CIDLen ("cid_length") is the length of the backends' CIDs, the
+	// protocol's default (8 for DTLS, 12 for QUIC) when the key is absent;
+	// with CIDEncryption, 2 + its NonceLen.
 	CIDLen int
 	// CIDEncryption, when set, makes the CIDs encrypted QUIC-LB ones
 	// (cidkeys.go).
@@ -101,7 +115,11 @@ type Service struct {
 	// socket per client address, at most MaxSessions per worker, each
 	// expiring after SessionIdle (0 = the library defaults).
 	Transparent bool
+	// MaxSessions ("max_sessions"): the transparent sessions per worker;
+	// 0 fits them to RLIMIT_NOFILE (cidroute.Service.MaxSessions).
 	MaxSessions int
+	// SessionIdle ("session_idle"): a transparent session without traffic
+	// expires after it; 0 is cidroute.DefaultSessionIdle.
 	SessionIdle time.Duration
 	Workers     int // 0 = one per CPU (GOMAXPROCS as the process started)
 	// RecvBuffer and SendBuffer (recv_buffer, send_buffer) are the
@@ -117,10 +135,13 @@ type Service struct {
 	// Kubernetes (the Service whose EndpointSlices are the backends,
 	// sourced by Options.Kubernetes). With none of them the program
 	// supplies the backends (Options.Source).
-	Backends     []registry.Backend
+	Backends []registry.Backend
+	// BackendsFile ("backends_file"): see Backends.
 	BackendsFile string
-	Kubernetes   *Kubernetes
-	Limits       cidroute.Limits
+	// Kubernetes ("kubernetes"): see Backends.
+	Kubernetes *Kubernetes
+	// Limits ("limits") are the service's rate limits; zero is off.
+	Limits cidroute.Limits
 	// Unroutable ("unroutable", QUIC only): what becomes of short-header
 	// and Handshake packets whose CID names no server.
 	Unroutable cidroute.UnroutablePolicy
@@ -164,19 +185,28 @@ const (
 	readTimeout   = 5 * time.Second
 )
 
+// startProcs is GOMAXPROCS as the process started, what a Pipeline
+// gives a service of 0 workers (a WaitThread pipeline raises it later).
+var startProcs = runtime.GOMAXPROCS(0)
+
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // Load reads and validates the file at path (at most 1 MiB, a regular
 // file, read within 5 s). A relative backends_file or cid_keys_file is
-// taken relative to the config file's directory.
+// taken relative to the config file's directory. Every mistake in the
+// file is an *Error naming path, the line and column, and the key.
 func Load(ctx context.Context, path string) (*Config, error) {
 	data, err := boundedread.Read(ctx, path, maxConfigSize, readTimeout)
 	if err != nil {
-		return nil, err
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return nil, err
+		}
+		problem, _ := readError(path, err)
+		return nil, &Error{File: path, Problem: "the file " + problem, Fix: "give the path of the JSON configuration file", Err: err}
 	}
-	cfg, err := Parse(bytes.NewReader(data))
+	cfg, err := parse(path, data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
 	for i, s := range cfg.Services {
 		if s.BackendsFile != "" && !filepath.IsAbs(s.BackendsFile) {
@@ -188,19 +218,43 @@ func Load(ctx context.Context, path string) (*Config, error) {
 }
 
 // Parse decodes and validates a JSON configuration. Relative file names
-// stay as written (relative to the working directory).
+// stay as written (relative to the working directory). Every mistake is
+// an *Error with its line, column and key, without a file name.
 func Parse(r io.Reader) (*Config, error) {
-	var fc fileConfig
-	if err := decodeStrict(r, &fc); err != nil {
+	data, err := io.ReadAll(r)
+	if err != nil {
 		return nil, err
 	}
-	cfg := &Config{Seed: fc.HRWSeed, MetricsListen: fc.MetricsListen, XDPInterfaces: fc.XDPInterfaces}
-	if err := checkXDP(fc.XDPInterfaces); err != nil {
+	return parse("", data)
+}
+
+func parse(file string, data []byte) (*Config, error) {
+	src, err := readSource(file, data, '{')
+	if err != nil {
+		return nil, err
+	}
+	if err := src.checkNullsAndEmpty(); err != nil {
+		return nil, err
+	}
+	var fc fileConfig
+	if err := src.decode("", &fc); err != nil {
+		return nil, err
+	}
+	cfg := &Config{Seed: fc.HRWSeed, MetricsListen: fc.MetricsListen, PprofListen: fc.PprofListen, XDPInterfaces: fc.XDPInterfaces, src: src}
+	if err := checkXDP(src, fc.XDPInterfaces); err != nil {
 		return nil, err
 	}
 	if fc.MetricsListen != "" {
-		if err := checkHostPort(fc.MetricsListen); err != nil {
-			return nil, fmt.Errorf("metrics_listen: %w", err)
+		if problem := checkHostPort(fc.MetricsListen); problem != "" {
+			return nil, src.err("metrics_listen", problem, "write "+want("metrics_listen"))
+		}
+	}
+	if fc.PprofListen != "" {
+		if problem := checkHostPort(fc.PprofListen); problem != "" {
+			return nil, src.err("pprof_listen", problem, "write "+want("pprof_listen"))
+		}
+		if fc.PprofListen == fc.MetricsListen {
+			return nil, src.err("pprof_listen", "is metrics_listen's address", "give the profiler a listener of its own, such as \"127.0.0.1:6060\"")
 		}
 	}
 	switch fc.LogLevel {
@@ -213,141 +267,191 @@ func Parse(r io.Reader) (*Config, error) {
 	case "error":
 		cfg.LogLevel = slog.LevelError
 	default:
-		return nil, fmt.Errorf("log_level %q: want debug, info, warn or error", fc.LogLevel)
+		return nil, src.err("log_level", fmt.Sprintf("%q is not a log level", fc.LogLevel), "write "+want("log_level"))
 	}
 	cfg.Wait = cidroute.WaitThread
 	if fc.Wait != "" {
 		if err := cfg.Wait.UnmarshalText([]byte(fc.Wait)); err != nil {
-			return nil, fmt.Errorf("wait: %w", err)
+			return nil, src.err("wait", fmt.Sprintf("%q is not a wait mode", fc.Wait), "write "+want("wait"))
 		}
 	}
-	if len(fc.Services) == 0 {
-		return nil, fmt.Errorf("services: at least one service is needed")
+	switch {
+	case !src.has("services"):
+		return nil, src.err("services", "missing", "add it: "+want("services"))
+	case len(fc.Services) == 0:
+		return nil, src.err("services", "the list is empty", "list at least one service: "+want("services[]"))
 	}
 	names := map[string]int{}
-	listens := map[netip.AddrPort]string{}
-	for i, raw := range fc.Services {
-		s, err := parseService(raw)
+	listens := map[netip.AddrPort]int{}
+	for i := range fc.Services {
+		path := fmt.Sprintf("services[%d]", i)
+		s, err := parseService(src, path)
 		if err != nil {
-			if s.Name != "" {
-				return nil, fmt.Errorf("services[%d] (%q): %w", i, s.Name, err)
-			}
-			return nil, fmt.Errorf("services[%d]: %w", i, err)
+			return nil, err
 		}
 		if j, dup := names[s.Name]; dup {
-			return nil, fmt.Errorf("services[%d]: name %q already used by services[%d]", i, s.Name, j)
+			return nil, src.err(path+".name", fmt.Sprintf("%q is already the name of services[%d]", s.Name, j), "give each service a name of its own")
 		}
 		names[s.Name] = i
-		if other, dup := listens[s.Listen]; dup {
-			return nil, fmt.Errorf("services[%d] (%q): listen %v already used by %q", i, s.Name, s.Listen, other)
+		if j, dup := listens[s.Listen]; dup {
+			return nil, src.err(path+".listen", fmt.Sprintf("%v is already the listen address of services[%d] (%q)", s.Listen, j, cfg.Services[j].Name),
+				"give each service an address or port of its own")
 		}
-		listens[s.Listen] = s.Name
+		listens[s.Listen] = i
+		src.services[s.Name] = path
 		cfg.Services = append(cfg.Services, s)
+	}
+	// cidroute.New caps the workers of all services together.
+	workers := 0
+	for i, s := range cfg.Services {
+		n := s.Workers
+		if n == 0 {
+			n = startProcs // one per CPU, as the Pipeline counts them
+		}
+		if workers += n; workers > cidroute.DefaultMaxWorkers {
+			return nil, src.err(fmt.Sprintf("services[%d].workers", i),
+				fmt.Sprintf("brings the workers of all services to %d, more than the %d a pipeline runs (0: one per CPU, %d here)", workers, cidroute.DefaultMaxWorkers, startProcs),
+				"give the services fewer workers")
+		}
 	}
 	return cfg, nil
 }
 
-// parseService decodes one service. The returned value carries the name
-// (when one was read) even on error, for the caller's message.
-func parseService(raw json.RawMessage) (Service, error) {
+// parseService decodes and validates the service at path.
+func parseService(src *source, path string) (Service, error) {
 	var fs fileService
-	if err := decodeStrict(bytes.NewReader(raw), &fs); err != nil {
-		var named struct{ Name string }
-		json.Unmarshal(raw, &named) // only to name the service in the error
-		return Service{Name: named.Name}, err
+	if err := src.decode(path, &fs); err != nil {
+		return Service{}, err
 	}
 	s := Service{Name: fs.Name, BackendsFile: fs.BackendsFile, Kubernetes: fs.Kubernetes}
-	fail := func(format string, args ...any) (Service, error) {
-		return s, fmt.Errorf(format, args...)
+	at := func(key string) string { return path + "." + key }
+	fail := func(key, problem, fix string) (Service, error) {
+		return s, src.err(at(key), problem, fix)
 	}
-	if !serviceName.MatchString(fs.Name) {
-		return fail("name %q: want 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit", fs.Name)
+	missing := func(key string) (Service, error) {
+		return fail(key, "missing", "add it: "+want(at(key)))
+	}
+	switch {
+	case !src.has(at("name")):
+		return missing("name")
+	case !serviceName.MatchString(fs.Name):
+		return fail("name", fmt.Sprintf("%q is not a service name", fs.Name), "write "+want(at("name")))
+	case !src.has(at("protocol")):
+		return missing("protocol")
 	}
 	var err error
 	if s.Protocol, err = cidroute.ParseProtocol(fs.Protocol); err != nil {
-		return fail("protocol %q: want \"dtls\" or \"quic\"", fs.Protocol)
+		return fail("protocol", fmt.Sprintf("%q is not a protocol", fs.Protocol), "write "+want(at("protocol")))
+	}
+	if !src.has(at("listen")) {
+		return missing("listen")
 	}
 	if s.Listen, err = netip.ParseAddrPort(fs.Listen); err != nil {
-		return fail("listen %q: want ip:port (IPv6 in brackets)", fs.Listen)
+		return fail("listen", fmt.Sprintf("%q is not ip:port (an IP address, not a host name, and a port)", fs.Listen), "write "+want(at("listen")))
 	}
 	// Unmapped before it is checked: [::ffff:255.255.255.255] is the
 	// broadcast address too.
 	s.Listen = netip.AddrPortFrom(s.Listen.Addr().Unmap(), s.Listen.Port())
-	if s.Listen.Port() == 0 || s.Listen.Addr().IsMulticast() || s.Listen.Addr() == broadcast {
-		return fail("listen %v: want a unicast or wildcard address (not multicast or broadcast) and a non-zero port", fs.Listen)
+	switch {
+	case s.Listen.Port() == 0:
+		return fail("listen", fmt.Sprintf("%q has port 0", fs.Listen), "write the port the clients send to, 1-65535")
+	case s.Listen.Addr().IsMulticast() || s.Listen.Addr() == broadcast:
+		return fail("listen", fmt.Sprintf("%q is a multicast or broadcast address", fs.Listen),
+			`write a unicast address, or "0.0.0.0" or "[::]" for every address, with the port`)
 	}
 	s.CIDLen = fs.CIDLength
+	hasLen := src.has(at("cid_length"))
 	switch s.Protocol {
 	case cidroute.DTLS:
-		if s.CIDLen == 0 {
+		if !hasLen {
 			s.CIDLen = cidroute.DefaultDTLSCIDLen
+		} else if s.CIDLen <= 0 || (dtls.OrdinalFirst{Length: s.CIDLen}).Validate() != nil { // Length 0 would mean the default
+			return fail("cid_length", fmt.Sprintf("%d is not a DTLS CID length", fs.CIDLength), "write 5-255 (8 is usual), or leave the key out for 8")
 		}
-		err = dtls.OrdinalFirst{Length: s.CIDLen}.Validate()
 	case cidroute.QUIC:
-		if s.CIDLen == 0 {
+		if !hasLen {
 			s.CIDLen = cidroute.DefaultQUICCIDLen
+		} else if s.CIDLen <= 0 || (quic.LB{Length: s.CIDLen}).Validate() != nil {
+			return fail("cid_length", fmt.Sprintf("%d is not a QUIC CID length", fs.CIDLength), "write 6-20 except 8 (12 is usual), or leave the key out for 12")
 		}
-		err = quic.LB{Length: s.CIDLen}.Validate()
 	}
-	if err != nil || fs.CIDLength < 0 {
-		return fail("cid_length %d: %v", fs.CIDLength, err)
+	if err := parseCIDCodec(src, path, &fs, &s); err != nil {
+		return s, err
 	}
-	if err := parseCIDCodec(&fs, &s); err != nil {
-		return fail("%v", err)
-	}
-	if s.Protocol == cidroute.QUIC {
-		if err := quic.CheckServerCIDLen(s.CIDLen); err != nil {
-			return fail("cid_length: %v", err)
+	if s.Protocol == cidroute.QUIC && quic.CheckServerCIDLen(s.CIDLen) != nil {
+		if s.CIDEncryption != nil && !hasLen {
+			return fail("cid_nonce_length", fmt.Sprintf("%d makes %d-octet CIDs, the length most clients give their first, random DCID (new sessions would be routed by its random bytes, not by HRW)", s.CIDEncryption.NonceLen, s.CIDLen),
+				"write 4-5 or 7-18 (10 is usual)")
 		}
+		return fail("cid_length", fmt.Sprintf("%d is the length most clients give their first, random DCID (new sessions would be routed by its random bytes, not by HRW)", s.CIDLen),
+			"write 12 (the default), or 6-7 or 9-20")
 	}
 	s.Transparent = fs.ProxyProtocol != nil && !*fs.ProxyProtocol
-	if !s.Transparent && (fs.MaxSessions != 0 || fs.SessionIdle != "") {
-		return fail("max_sessions and session_idle apply only with proxy_protocol false")
+	for _, key := range []string{"max_sessions", "session_idle"} {
+		if !s.Transparent && src.has(at(key)) {
+			return s, src.keyErr(at(key), "applies only in transparent mode", `add "proxy_protocol": false, or remove it`)
+		}
 	}
 	if fs.MaxSessions < 0 {
-		return fail("max_sessions %d: want 0 (default %d) or more", fs.MaxSessions, cidroute.DefaultMaxSessions)
+		return fail("max_sessions", fmt.Sprintf("%d is negative", fs.MaxSessions), "write "+want(at("max_sessions")))
 	}
 	s.MaxSessions = fs.MaxSessions
-	if s.SessionIdle, err = parseDuration("session_idle", fs.SessionIdle, minSessionIdle, false); err != nil {
+	if s.SessionIdle, err = parseDuration(src, at("session_idle"), fs.SessionIdle, minSessionIdle, false); err != nil {
 		return s, err
 	}
 	if fs.Workers < 0 || fs.Workers > maxWorkers {
-		return fail("workers %d: want 0 (one per CPU) to %d", fs.Workers, maxWorkers)
+		return fail("workers", fmt.Sprintf("%d is out of range", fs.Workers), "write "+want(at("workers")))
 	}
 	s.Workers = fs.Workers
+	if s.MaxSessions > 0 { // the Pipeline's memory bound, as cidroute.New applies it
+		workers := max(s.Workers, 1)
+		if s.Workers == 0 {
+			workers = startProcs
+		}
+		per := int64(cidroute.SessionBytes(0))
+		if fit := cidroute.DefaultSessionMemory / (per * int64(workers)); int64(s.MaxSessions) > fit {
+			return fail("max_sessions", fmt.Sprintf("%d sessions on each of %d workers, %d bytes each, need more than the %d MiB of session memory",
+				s.MaxSessions, workers, per, cidroute.DefaultSessionMemory>>20), fmt.Sprintf("write at most %d, or 0 to fit it", fit))
+		}
+	}
 	recv := DefaultRecvBuffer
 	if fs.RecvBuffer != nil {
 		recv = *fs.RecvBuffer
 	}
-	if recv < 0 || fs.SendBuffer < 0 || recv > maxSocketBuffer || fs.SendBuffer > maxSocketBuffer {
-		return fail("recv_buffer %d, send_buffer %d: want 0 (the kernel's default) to %d bytes", recv, fs.SendBuffer, maxSocketBuffer)
+	for _, b := range []struct {
+		key string
+		n   int
+	}{{"recv_buffer", recv}, {"send_buffer", fs.SendBuffer}} {
+		if b.n < 0 || b.n > maxSocketBuffer {
+			return fail(b.key, fmt.Sprintf("%d is out of range", b.n), "write "+want(at(b.key)))
+		}
 	}
 	s.RecvBuffer, s.SendBuffer = recv, fs.SendBuffer
 	if fs.EarlyDrop && (s.Protocol != cidroute.DTLS || s.CIDEncryption != nil) {
-		return fail("early_drop: DTLS services with the ordinal-first codec only (the socket filter reads the ordinal in the clear)")
+		return fail("early_drop", "true needs a DTLS service with the plaintext codec (the socket filter reads the ordinal in the clear)", "remove it")
 	}
 	s.EarlyDrop = fs.EarlyDrop
-	if s.MaxAge, err = parseDuration("max_registry_age", fs.MaxRegistryAge, minRegistryAge, true); err != nil {
+	if s.MaxAge, err = parseDuration(src, at("max_registry_age"), fs.MaxRegistryAge, minRegistryAge, true); err != nil {
 		return s, err
 	}
-	hasList := len(fs.Backends) > 0 && string(fs.Backends) != "null"
-	sources := 0
-	for _, given := range []bool{hasList, fs.BackendsFile != "", fs.Kubernetes != nil} {
-		if given {
-			sources++
+	var given []string // in the file's order
+	for _, key := range []string{"backends", "backends_file", "kubernetes"} {
+		if src.has(at(key)) {
+			given = append(given, key)
 		}
 	}
+	slices.SortFunc(given, func(a, b string) int { return src.nodes[at(a)].val - src.nodes[at(b)].val })
+	if len(given) > 1 {
+		return s, src.keyErr(at(given[1]), fmt.Sprintf("%q is given too", given[0]), `give exactly one of "backends", "backends_file" and "kubernetes"`)
+	}
 	switch {
-	case sources > 1:
-		return fail("backends, backends_file and kubernetes: give exactly one")
 	case fs.Kubernetes != nil:
-		if err := fs.Kubernetes.validate(); err != nil {
-			return fail("kubernetes: %v", err)
+		if fs.Kubernetes.Service == "" {
+			return fail("kubernetes.service", "missing", "add it: "+want(at("kubernetes.service")))
 		}
-	case hasList:
-		// The registry's own validation, as for every other source.
-		if s.Backends, err = registry.DecodeBackends(bytes.NewReader(fs.Backends)); err != nil {
-			return s, fmt.Errorf("backends: %w", err)
+	case src.has(at("backends")):
+		if s.Backends, err = parseBackends(src, at("backends")); err != nil {
+			return s, err
 		}
 	}
 	switch fs.Unroutable {
@@ -355,12 +459,12 @@ func parseService(raw json.RawMessage) (Service, error) {
 	case "hash":
 		s.Unroutable = cidroute.UnroutableHash
 	default:
-		return fail("unroutable %q: want \"drop\" or \"hash\"", fs.Unroutable)
+		return fail("unroutable", fmt.Sprintf("%q is not a policy", fs.Unroutable), "write "+want(at("unroutable")))
 	}
 	if fs.Unroutable != "" && s.Protocol != cidroute.QUIC {
-		return fail("unroutable applies to quic services only (a DTLS CID has no unroutable marker)")
+		return s, src.keyErr(at("unroutable"), "applies to QUIC services only (a DTLS CID has no unroutable marker)", "remove it")
 	}
-	if err := parseHealthCheck(fs.HealthCheck, &s); err != nil {
+	if err := parseHealthCheck(src, at("health_check"), fs.HealthCheck, &s); err != nil {
 		return s, err
 	}
 	l := fs.Limits
@@ -369,85 +473,50 @@ func parseService(raw json.RawMessage) (Service, error) {
 		n   int
 	}{{"global_pps", l.GlobalPPS}, {"per_source_pps", l.PerSourcePPS}, {"handshake_pps", l.HandshakePPS}, {"zero_rtt_pps", l.ZeroRTTPPS}} {
 		if v.n < 0 {
-			return fail("limits.%s %d: want 0 (off) or a positive rate", v.key, v.n)
+			return fail("limits."+v.key, fmt.Sprintf("%d is negative", v.n), "write "+want(at("limits."+v.key)))
 		}
 	}
 	s.Limits = cidroute.Limits{GlobalPPS: l.GlobalPPS, PerSourcePPS: l.PerSourcePPS, HandshakePPS: l.HandshakePPS, ZeroRTTPPS: l.ZeroRTTPPS}
 	return s, nil
 }
 
-// jsonError rewords encoding/json's errors to name the key in the file's
-// terms.
-func jsonError(err error) error {
-	var te *json.UnmarshalTypeError
-	var se *json.SyntaxError
-	switch {
-	case errors.As(err, &te):
-		field := te.Field
-		if field == "" {
-			field = "value"
-		}
-		return fmt.Errorf("%s: JSON %s where %s is expected", field, te.Value, kindName(te.Type.Kind().String()))
-	case errors.As(err, &se):
-		return fmt.Errorf("JSON syntax error at byte %d: %v", se.Offset, se)
-	case errors.Is(err, io.EOF):
-		return fmt.Errorf("empty file")
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return fmt.Errorf("unknown key %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
-	}
-	return fmt.Errorf("%w", err)
-}
-
-func kindName(k string) string {
-	switch {
-	case strings.HasPrefix(k, "uint"):
-		return "a non-negative integer"
-	case strings.HasPrefix(k, "int"):
-		return "an integer"
-	case k == "slice":
-		return "a list"
-	case k == "struct":
-		return "an object"
-	case k == "ptr":
-		return "a boolean"
-	}
-	return "a " + k
-}
-
 var broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 
-// parseDuration reads a duration key: absent means 0 (the default); else a
-// Go duration of at least min, or "0s" where zeroOff says 0 turns the
-// feature off.
-func parseDuration(key, s string, min time.Duration, zeroOff bool) (time.Duration, error) {
-	if s == "" {
+// parseDuration reads the duration key at path: absent means 0 (the
+// default); else a Go duration of at least min, or "0s" where zeroOff
+// says 0 turns the feature off.
+func parseDuration(src *source, path, s string, min time.Duration, zeroOff bool) (time.Duration, error) {
+	if !src.has(path) {
 		return 0, nil
 	}
 	d, err := time.ParseDuration(s)
 	switch {
-	case err != nil || d < 0:
-		return 0, fmt.Errorf("%s %q: want a Go duration such as \"30s\"", key, s)
+	case err != nil:
+		if n, nerr := strconv.ParseFloat(s, 64); nerr == nil && n > 0 {
+			return 0, src.err(path, fmt.Sprintf("%q has no unit", s), fmt.Sprintf("write %q (or ms, m, h)", s+"s"))
+		}
+		return 0, src.err(path, fmt.Sprintf("%q is not a Go duration", s), "write "+want(path))
+	case d < 0:
+		return 0, src.err(path, fmt.Sprintf("%q is negative", s), "write "+want(path))
 	case d == 0 && zeroOff:
 		return 0, nil
-	case d < min && zeroOff:
-		return 0, fmt.Errorf("%s %q: want \"0s\" (off) or at least %v", key, s, min)
 	case d < min:
-		return 0, fmt.Errorf("%s %q: want at least %v", key, s, min)
+		return 0, src.err(path, fmt.Sprintf("%q is less than %v", s, min), "write "+want(path))
 	}
 	return d, nil
 }
 
 // checkHostPort accepts host:port with a numeric port, host possibly
-// empty (all addresses) or a name.
-func checkHostPort(s string) error {
+// empty (all addresses) or a name; else it says what is wrong.
+func checkHostPort(s string) string {
 	_, port, err := net.SplitHostPort(s)
 	if err != nil {
-		return fmt.Errorf("%q: %v", s, err)
+		return fmt.Sprintf("%q is not host:port", s)
 	}
 	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-		return fmt.Errorf("%q: port %q: want 1-65535", s, port)
+		return fmt.Sprintf("%q has port %q", s, port)
 	}
-	return nil
+	return ""
 }
 
 // Summary is a one-line description of c, the one cidproxy -check prints
@@ -487,44 +556,67 @@ func (c *Config) Summary() string {
 	if c.MetricsListen != "" {
 		fmt.Fprintf(&b, "; metrics on %s", c.MetricsListen)
 	}
+	if c.PprofListen != "" {
+		fmt.Fprintf(&b, "; pprof on %s", c.PprofListen)
+	}
 	fmt.Fprintf(&b, "; hrw_seed %d", c.Seed)
 	return b.String()
 }
 
 // CheckFiles reads every backends_file and cid_keys_file once, for
-// cidproxy -check: at run time a bad file is logged and retried, but a
-// check should say so. The read is bounded as the file source's is, and
-// the list validated by the same decoder and refused at an own address
-// as Validate refuses an inline one.
+// cidproxy -check: at run time a bad backends_file is logged and retried,
+// but a check should say so. The read is bounded as the file source's
+// is, the list validated by the same rules as an inline one (its errors
+// are positioned in the backends_file: "b.json:3:17: [0].ordinal: ..."),
+// and refused at an own address as Validate refuses an inline one.
 func (c *Config) CheckFiles(ctx context.Context) error {
 	lists := make([][]registry.Backend, len(c.Services))
+	srcs := make([]*source, len(c.Services))
 	for i, s := range c.Services {
 		if s.BackendsFile == "" {
 			continue
 		}
 		data, err := boundedread.Read(ctx, s.BackendsFile, maxConfigSize, readTimeout)
 		if err != nil {
-			return fmt.Errorf("service %q: backends_file: %w", s.Name, err)
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				return err
+			}
+			problem, fix := readError(s.BackendsFile, err)
+			return c.serviceErr(s, "backends_file", s.BackendsFile+" "+problem, fix, err)
 		}
-		if lists[i], err = registry.DecodeBackends(bytes.NewReader(data)); err != nil {
-			return fmt.Errorf("service %q: backends_file %s: %w", s.Name, s.BackendsFile, err)
+		src, err := readSource(s.BackendsFile, data, '[')
+		if err != nil {
+			return err
 		}
+		if err := src.checkNullsAndEmpty(); err != nil {
+			return err
+		}
+		if lists[i], err = parseBackends(src, ""); err != nil {
+			return err
+		}
+		srcs[i] = src
 	}
-	if err := c.checkOwnBackends(func(i int) []registry.Backend { return lists[i] }); err != nil {
-		return fmt.Errorf("backends_file: %w", err)
+	err := c.checkOwnBackends(func(i int) []registry.Backend { return lists[i] },
+		func(i, k int) *Error { return srcs[i].err(fmt.Sprintf("[%d].address", k), "", "") })
+	if err != nil {
+		return err
 	}
 	return c.checkCIDKeyFiles(ctx)
 }
 
 // checkXDP validates the "xdp_interfaces" key: names of interfaces,
 // each once. Whether they exist is checked when the program attaches.
-func checkXDP(names []string) error {
-	seen := map[string]bool{}
-	for _, n := range names {
-		if n == "" || len(n) >= 16 || seen[n] { // IFNAMSIZ
-			return fmt.Errorf("xdp_interfaces: %q: want distinct interface names", n)
+func checkXDP(src *source, names []string) error {
+	seen := map[string]int{}
+	for i, n := range names {
+		path := fmt.Sprintf("xdp_interfaces[%d]", i)
+		if j, dup := seen[n]; dup {
+			return src.err(path, fmt.Sprintf("%q is already xdp_interfaces[%d]", n, j), "list each interface once")
 		}
-		seen[n] = true
+		if len(n) >= 16 { // IFNAMSIZ
+			return src.err(path, fmt.Sprintf("%q is longer than 15 bytes", n), "write an interface name (ip link lists them)")
+		}
+		seen[n] = i
 	}
 	return nil
 }
@@ -536,13 +628,6 @@ type Kubernetes struct {
 	Service    string `json:"service"`    // required
 	PortName   string `json:"port_name"`  // "" when the Service has one port
 	Kubeconfig string `json:"kubeconfig"` // "" = in-cluster configuration
-}
-
-func (k *Kubernetes) validate() error {
-	if k.Service == "" {
-		return fmt.Errorf("service is required")
-	}
-	return nil
 }
 
 func (k *Kubernetes) namespace() string {

@@ -77,7 +77,7 @@ func TestParseConfigGood(t *testing.T) {
 				{Ordinal: 3, Addr: netip.MustParseAddrPort("10.0.0.2:2"), Weight: 1, State: registry.Ready},
 			}, c.Services[0].Backends)
 		}},
-		{"two services", withServices(`{`+svc+`}`, `{"name": "b", "protocol": "quic", "listen": "127.0.0.1:443", "backends": null, "backends_file": "x"}`), func(t *testing.T, c *Config) {
+		{"two services", withServices(`{`+svc+`}`, `{"name": "b", "protocol": "quic", "listen": "127.0.0.1:443", "backends_file": "x"}`), func(t *testing.T, c *Config) {
 			require.Len(t, c.Services, 2)
 		}},
 		{"log levels", `{"log_level": "error", "services": [{` + svc + `}]}`, func(t *testing.T, c *Config) {
@@ -129,74 +129,83 @@ func TestParseConfigBad(t *testing.T) {
 	tests := []struct {
 		name, in, want string
 	}{
-		{"empty file", ``, "empty file"},
-		{"not an object", `[]`, "where an object is expected"},
-		{"syntax", `{"services": [}`, "JSON syntax error"},
-		{"trailing data", withServices(`{`+svc+`}`) + `{}`, "data after the JSON object"},
-		{"unknown top-level key", `{"hrw_sed": 1, "services": [{` + svc + `}]}`, `unknown key "hrw_sed"`},
-		{"unknown service key", withServices(`{` + svc + `, "listn": "x"}`), `services[0] ("coaps"): unknown key "listn"`},
-		{"unknown limits key", withServices(`{` + svc + `, "limits": {"globl_pps": 1}}`), `services[0] ("coaps"): unknown key "globl_pps"`},
-		{"unknown backend key", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 0, "adress": "1.1.1.1:1"}]}`), `services[0] ("a"): backends`},
-		{"negative seed", `{"hrw_seed": -1, "services": [{` + svc + `}]}`, "hrw_seed: JSON number -1 where a non-negative integer is expected"},
-		{"string workers", withServices(`{` + svc + `, "workers": "2"}`), "workers: JSON string where an integer is expected"},
-		{"negative recv buffer", withServices(`{` + svc + `, "recv_buffer": -1}`), "recv_buffer -1, send_buffer 0: want 0 (the kernel's default)"},
-		{"bad log level", `{"log_level": "verbose", "services": [{` + svc + `}]}`, `log_level "verbose"`},
-		{"bad wait", `{"wait": "spin", "services": [{` + svc + `}]}`, `wait: cidroute: wait "spin"`},
+		{"empty file", ``, `the file is empty; write one JSON object {...} (see docs/configuration.md)`},
+		{"not an object", `[]`, `the file is a JSON list, not an object (a backend list belongs in a backends_file); write one JSON object: {"services": [...]}`},
+		{"syntax", `{"services": [}`, `'}' where a value is expected; close each [ with ] and each { with }, and write every value: a string, number, true, false, object or list`},
+		{"trailing data", withServices(`{`+svc+`}`) + `{}`, `more after the end of the JSON object; remove it: the file is one JSON object`},
+		{"unknown top-level key", `{"hrw_sed": 1, "services": [{` + svc + `}]}`, `hrw_sed: unknown key; did you mean "hrw_seed"?`},
+		{"unknown service key", withServices(`{` + svc + `, "listn": "x"}`), `services[0].listn: unknown key; did you mean "listen"?`},
+		{"unknown limits key", withServices(`{` + svc + `, "limits": {"globl_pps": 1}}`), `services[0].limits.globl_pps: unknown key; did you mean "global_pps"?`},
+		{"unknown backend key", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 0, "adress": "1.1.1.1:1"}]}`), `services[0].backends[0].adress: unknown key; did you mean "address"?`},
+		{"negative seed", `{"hrw_seed": -1, "services": [{` + svc + `}]}`, `hrw_seed: -1 is negative; write a whole number 0-18446744073709551615, the same on every replica`},
+		{"string workers", withServices(`{` + svc + `, "workers": "2"}`), `services[0].workers: "2" is a string; write 2 without quotes`},
+		{"negative recv buffer", withServices(`{` + svc + `, "recv_buffer": -1}`), `services[0].recv_buffer: -1 is out of range; write 0 (the kernel's default) to 1073741824 bytes (absent: 4194304)`},
+		{"bad log level", `{"log_level": "verbose", "services": [{` + svc + `}]}`, `log_level: "verbose" is not a log level; write "debug", "info", "warn" or "error"`},
+		{"bad wait", `{"wait": "spin", "services": [{` + svc + `}]}`, `wait: "spin" is not a wait mode; write "thread" or "netpoller"`},
 		{"bad metrics address", `{"metrics_listen": "9184", "services": [{` + svc + `}]}`, "metrics_listen"},
 		{"metrics port zero", `{"metrics_listen": "127.0.0.1:0", "services": [{` + svc + `}]}`, "metrics_listen"},
-		{"no services", `{"hrw_seed": 1}`, "at least one service"},
+		{"no services", `{"hrw_seed": 1}`, `services: missing; add it: a list of services, such as [{"name": "coaps", "protocol": "dtls", "listen": "0.0.0.0:5684", "backends_file": "backends.json"}]`},
 		{"empty services", `{"services": []}`, "at least one service"},
-		{"no name", withServices(`{"protocol": "dtls", "listen": "1.2.3.4:5", "backends_file": "f"}`), `services[0]: name ""`},
-		{"bad name", withServices(`{"name": "a b", "protocol": "dtls", "listen": "1.2.3.4:5", "backends_file": "f"}`), `name "a b"`},
-		{"duplicate name", withServices(`{`+svc+`}`, `{`+strings.Replace(svc, "5684", "5685", 1)+`}`), `services[1]: name "coaps" already used by services[0]`},
-		{"duplicate listen", withServices(`{`+svc+`}`, `{`+strings.Replace(svc, `"coaps"`, `"other"`, 1)+`}`), `listen 127.0.0.1:5684 already used by "coaps"`},
-		{"no protocol", withServices(`{"name": "a", "listen": "1.2.3.4:5", "backends_file": "f"}`), `services[0] ("a"): protocol ""`},
-		{"bad protocol", withServices(`{"name": "a", "protocol": "tls", "listen": "1.2.3.4:5", "backends_file": "f"}`), `protocol "tls"`},
-		{"no listen", withServices(`{"name": "a", "protocol": "dtls", "backends_file": "f"}`), `listen ""`},
-		{"host name listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "localhost:5684", "backends_file": "f"}`), `listen "localhost:5684"`},
-		{"listen port zero", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:0", "backends_file": "f"}`), "non-zero port"},
-		{"listen multicast", withServices(`{"name": "a", "protocol": "dtls", "listen": "224.0.0.1:5", "backends_file": "f"}`), "unicast or wildcard"},
-		{"dtls cid too short", withServices(`{` + svc + `, "cid_length": 4}`), "cid_length 4"},
-		{"quic cid too long", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_length": 21, "backends_file": "f"}`), "cid_length 21"},
-		{"quic cid of a client's length", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_length": 8, "backends_file": "f"}`), "8 octets, the length most clients give their first, random DCID"},
-		{"quic encrypted cid of a client's length", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_codec": "quic-lb-encrypted", "cid_nonce_length": 6, "cid_keys_file": "k", "backends_file": "f"}`), "server CID length a client's random DCID has"},
-		{"negative cid", withServices(`{` + svc + `, "cid_length": -8}`), "cid_length -8"},
+		{"no name", withServices(`{"protocol": "dtls", "listen": "1.2.3.4:5", "backends_file": "f"}`), `services[0].name: missing; add it: 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit, such as "coaps"`},
+		{"bad name", withServices(`{"name": "a b", "protocol": "dtls", "listen": "1.2.3.4:5", "backends_file": "f"}`), `services[0].name: "a b" is not a service name; write 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit, such as "coaps"`},
+		{"duplicate name", withServices(`{`+svc+`}`, `{`+strings.Replace(svc, "5684", "5685", 1)+`}`), `services[1].name: "coaps" is already the name of services[0]; give each service a name of its own`},
+		{"duplicate listen", withServices(`{`+svc+`}`, `{`+strings.Replace(svc, `"coaps"`, `"other"`, 1)+`}`), `services[1].listen: 127.0.0.1:5684 is already the listen address of services[0] ("coaps"); give each service an address or port of its own`},
+		{"no protocol", withServices(`{"name": "a", "listen": "1.2.3.4:5", "backends_file": "f"}`), `services[0].protocol: missing; add it: "dtls" or "quic"`},
+		{"bad protocol", withServices(`{"name": "a", "protocol": "tls", "listen": "1.2.3.4:5", "backends_file": "f"}`), `services[0].protocol: "tls" is not a protocol; write "dtls" or "quic"`},
+		{"no listen", withServices(`{"name": "a", "protocol": "dtls", "backends_file": "f"}`), `services[0].listen: missing; add it: ip:port, such as "0.0.0.0:5684" or "[::]:443"`},
+		{"host name listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "localhost:5684", "backends_file": "f"}`), `services[0].listen: "localhost:5684" is not ip:port (an IP address, not a host name, and a port); write ip:port, such as "0.0.0.0:5684" or "[::]:443"`},
+		{"listen port zero", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:0", "backends_file": "f"}`), `services[0].listen: "1.2.3.4:0" has port 0; write the port the clients send to, 1-65535`},
+		{"listen multicast", withServices(`{"name": "a", "protocol": "dtls", "listen": "224.0.0.1:5", "backends_file": "f"}`), `services[0].listen: "224.0.0.1:5" is a multicast or broadcast address; write a unicast address, or "0.0.0.0" or "[::]" for every address, with the port`},
+		{"dtls cid too short", withServices(`{` + svc + `, "cid_length": 4}`), `services[0].cid_length: 4 is not a DTLS CID length; write 5-255 (8 is usual), or leave the key out for 8`},
+		{"quic cid too long", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_length": 21, "backends_file": "f"}`), `services[0].cid_length: 21 is not a QUIC CID length; write 6-20 except 8 (12 is usual), or leave the key out for 12`},
+		{"quic cid of a client's length", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_length": 8, "backends_file": "f"}`), `services[0].cid_length: 8 is the length most clients give their first, random DCID (new sessions would be routed by its random bytes, not by HRW); write 12 (the default), or 6-7 or 9-20`},
+		{"quic encrypted cid of a client's length", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "cid_codec": "quic-lb-encrypted", "cid_nonce_length": 6, "cid_keys_file": "k", "backends_file": "f"}`), `services[0].cid_nonce_length: 6 makes 8-octet CIDs, the length most clients give their first, random DCID (new sessions would be routed by its random bytes, not by HRW); write 4-5 or 7-18 (10 is usual)`},
+		{"negative cid", withServices(`{` + svc + `, "cid_length": -8}`), `services[0].cid_length: -8 is not a DTLS CID length; write 5-255 (8 is usual), or leave the key out for 8`},
 		{"kubernetes and backends", withServices(`{` + svc + `, "kubernetes": {"service": "ds"}}`), "exactly one"},
-		{"kubernetes without service", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"namespace": "x"}}`), "service is required"},
+		{"kubernetes without service", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"namespace": "x"}}`), `services[0].kubernetes.service: missing; add it: the name of the Kubernetes Service, such as "dtls-backend"`},
 		{"kubernetes typo", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"service": "x", "portname": "d"}}`), "portname"},
-		{"session settings without transparent mode", withServices(`{` + svc + `, "max_sessions": 10}`), "only with proxy_protocol false"},
+		{"session settings without transparent mode", withServices(`{` + svc + `, "max_sessions": 10}`), `services[0].max_sessions: applies only in transparent mode; add "proxy_protocol": false, or remove it`},
 		{"bad session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "soon"}`), "session_idle"},
 		{"negative max sessions", withServices(`{` + svc + `, "proxy_protocol": false, "max_sessions": -1}`), "max_sessions"},
-		{"negative workers", withServices(`{` + svc + `, "workers": -1}`), "workers -1"},
-		{"too many workers", withServices(`{` + svc + `, "workers": 257}`), "workers 257"},
-		{"bad duration", withServices(`{` + svc + `, "max_registry_age": "30"}`), `max_registry_age "30"`},
-		{"negative duration", withServices(`{` + svc + `, "max_registry_age": "-1s"}`), `max_registry_age "-1s"`},
+		{"negative workers", withServices(`{` + svc + `, "workers": -1}`), `services[0].workers: -1 is out of range; write 0 (one per CPU, the default) to 256`},
+		{"too many workers", withServices(`{` + svc + `, "workers": 257}`), `services[0].workers: 257 is out of range; write 0 (one per CPU, the default) to 256`},
+		{"bad duration", withServices(`{` + svc + `, "max_registry_age": "30"}`), `services[0].max_registry_age: "30" has no unit; write "30s" (or ms, m, h)`},
+		{"negative duration", withServices(`{` + svc + `, "max_registry_age": "-1s"}`), `services[0].max_registry_age: "-1s" is negative; write "0s" (off, the default) or a Go duration of at least "3s", such as "30s"`},
 		{"both backend keys", withServices(`{` + svc + `, "backends_file": "f"}`), "give exactly one"},
-		{"empty backends", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": []}`), "empty backend list"},
-		{"negative limit", withServices(`{` + svc + `, "limits": {"handshake_pps": -5}}`), "limits.handshake_pps -5"},
+		{"too many workers in all", withServices(
+			`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:1", "workers": 256, "backends_file": "f"}`,
+			`{"name": "b", "protocol": "dtls", "listen": "1.2.3.4:2", "workers": 256, "backends_file": "f"}`,
+			`{"name": "c", "protocol": "dtls", "listen": "1.2.3.4:3", "workers": 256, "backends_file": "f"}`,
+			`{"name": "d", "protocol": "dtls", "listen": "1.2.3.4:4", "workers": 256, "backends_file": "f"}`,
+			`{"name": "e", "protocol": "dtls", "listen": "1.2.3.4:5", "workers": 1, "backends_file": "f"}`),
+			`services[4].workers: brings the workers of all services to 1025, more than the 1024 a pipeline runs`},
+		{"sessions beyond the session memory", withServices(`{` + svc + `, "proxy_protocol": false, "workers": 2, "max_sessions": 20000}`),
+			`services[0].max_sessions: 20000 sessions on each of 2 workers, 14336 bytes each, need more than the 256 MiB of session memory; write at most 9362, or 0 to fit it`},
+		{"empty backends", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": []}`), `services[0].backends: the list is empty; list the backends (to stop a service, keep them with "state": "gone")`},
+		{"negative limit", withServices(`{` + svc + `, "limits": {"handshake_pps": -5}}`), `services[0].limits.handshake_pps: -5 is negative; write 0 (off, the default) or datagrams per second`},
 		{"reserved ordinal", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 255, "address": "1.1.1.1:1"}]}`), "255"},
 		{"zero weight", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 1, "address": "1.1.1.1:1", "weight": 0}]}`), "weight"},
 		{"bad state", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 1, "address": "1.1.1.1:1", "state": "up"}]}`), "state"},
 		// One strict decoder for the whole file: keys match exactly, once.
-		{"key case", `{"hrw_seed": 1, "HRW_SEED": 2, "services": [{` + svc + `}]}`, `unknown key "HRW_SEED" (keys are lower case: "hrw_seed")`},
-		{"key case alone", `{"Hrw_Seed": 2, "services": [{` + svc + `}]}`, `unknown key "Hrw_Seed"`},
-		{"services case", `{"Services": [{` + svc + `}]}`, `unknown key "Services"`},
-		{"service key case", withServices(`{` + svc + `, "Workers": 2}`), `services[0] ("coaps"): unknown key "Workers"`},
-		{"limits key case", withServices(`{` + svc + `, "limits": {"Global_PPS": 1}}`), `unknown key "Global_PPS"`},
-		{"kubernetes key case", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"Service": "x"}}`), `unknown key "Service"`},
-		{"duplicate top-level key", `{"hrw_seed": 1, "hrw_seed": 2, "services": [{` + svc + `}]}`, `repeated key "hrw_seed"`},
-		{"duplicate service key", withServices(`{` + svc + `, "listen": "127.0.0.1:5685"}`), `services[0] ("coaps"): repeated key "listen"`},
-		{"duplicate limits key", withServices(`{` + svc + `, "limits": {"global_pps": 1, "global_pps": 0}}`), `repeated key "global_pps"`},
-		{"duplicate services", `{"services": [{` + svc + `}], "services": [{` + svc + `}]}`, `repeated key "services"`},
+		{"key case", `{"hrw_seed": 1, "HRW_SEED": 2, "services": [{` + svc + `}]}`, `HRW_SEED: unknown key; write "hrw_seed" (keys are lower case)`},
+		{"key case alone", `{"Hrw_Seed": 2, "services": [{` + svc + `}]}`, `Hrw_Seed: unknown key; write "hrw_seed" (keys are lower case)`},
+		{"services case", `{"Services": [{` + svc + `}]}`, `Services: unknown key; write "services" (keys are lower case)`},
+		{"service key case", withServices(`{` + svc + `, "Workers": 2}`), `services[0].Workers: unknown key; write "workers" (keys are lower case)`},
+		{"limits key case", withServices(`{` + svc + `, "limits": {"Global_PPS": 1}}`), `services[0].limits.Global_PPS: unknown key; write "global_pps" (keys are lower case)`},
+		{"kubernetes key case", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"Service": "x"}}`), `services[0].kubernetes.Service: unknown key; write "service" (keys are lower case)`},
+		{"duplicate top-level key", `{"hrw_seed": 1, "hrw_seed": 2, "services": [{` + svc + `}]}`, `hrw_seed: given twice in one object; keep one (JSON objects have no repeated keys)`},
+		{"duplicate service key", withServices(`{` + svc + `, "listen": "127.0.0.1:5685"}`), `services[0].listen: given twice in one object; keep one (JSON objects have no repeated keys)`},
+		{"duplicate limits key", withServices(`{` + svc + `, "limits": {"global_pps": 1, "global_pps": 0}}`), `services[0].limits.global_pps: given twice in one object; keep one (JSON objects have no repeated keys)`},
+		{"duplicate services", `{"services": [{` + svc + `}], "services": [{` + svc + `}]}`, `services: given twice in one object; keep one (JSON objects have no repeated keys)`},
 		{"broadcast listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "255.255.255.255:5684", "backends_file": "f"}`), "broadcast"},
 		{"mapped broadcast listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "[::ffff:255.255.255.255]:5684", "backends_file": "f"}`), "broadcast"},
 		{"mapped multicast listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "[::ffff:224.0.0.1]:5684", "backends_file": "f"}`), "broadcast"},
-		{"bad unroutable", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "backends_file": "f", "unroutable": "route"}`), `unroutable "route"`},
-		{"unroutable for dtls", withServices(`{` + svc + `, "unroutable": "drop"}`), "quic services only"},
+		{"bad unroutable", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "backends_file": "f", "unroutable": "route"}`), `services[0].unroutable: "route" is not a policy; write "drop" (the default) or "hash"`},
+		{"unroutable for dtls", withServices(`{` + svc + `, "unroutable": "drop"}`), `services[0].unroutable: applies to QUIC services only (a DTLS CID has no unroutable marker); remove it`},
 		// Durations have lower bounds.
-		{"tiny session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "3ns"}`), `session_idle "3ns": want at least 1s`},
-		{"tiny registry age", withServices(`{` + svc + `, "max_registry_age": "4ns"}`), `max_registry_age "4ns": want "0s" (off) or at least 3s`},
-		{"zero session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "0s"}`), `session_idle "0s"`},
+		{"tiny session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "3ns"}`), `services[0].session_idle: "3ns" is less than 1s; write a Go duration of at least "1s", such as "2m" (the default)`},
+		{"tiny registry age", withServices(`{` + svc + `, "max_registry_age": "4ns"}`), `services[0].max_registry_age: "4ns" is less than 3s; write "0s" (off, the default) or a Go duration of at least "3s", such as "30s"`},
+		{"zero session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "0s"}`), `services[0].session_idle: "0s" is less than 1s; write a Go duration of at least "1s", such as "2m" (the default)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -219,7 +228,7 @@ func TestParseConfigRegistryErrors(t *testing.T) {
 	} {
 		_, err := Parse(strings.NewReader(withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": ` + tt.backends + `}`)))
 		require.ErrorIs(t, err, tt.want, tt.backends)
-		require.Contains(t, err.Error(), `services[0] ("a"): backends`)
+		require.Contains(t, err.Error(), `: services[0].backends[`)
 	}
 }
 
@@ -239,7 +248,7 @@ func TestLoadConfigBackendsFile(t *testing.T) {
 	write("b.json", `[{"ordinal": 1, "address": "1.1.1.1:1"}, {"ordinal": 1, "address": "1.1.1.2:1"}]`)
 	err = c.CheckFiles(context.Background())
 	require.ErrorIs(t, err, registry.ErrDuplicateOrdinal)
-	require.Contains(t, err.Error(), `service "a": backends_file`)
+	require.EqualError(t, err, filepath.Join(dir, "b.json")+`:1:54: [1].ordinal: 1 is already the ordinal of [0]; give each backend an ordinal of its own (the one its CIDs carry)`)
 
 	write("b.json", `[]`)
 	require.ErrorIs(t, c.CheckFiles(context.Background()), registry.ErrEmptyList)

@@ -21,6 +21,7 @@
 //	{
 //	  "hrw_seed": 7205759403792793,       // the same on every replica
 //	  "metrics_listen": "127.0.0.1:9184", // for the program; absent = none
+//	  "pprof_listen": "127.0.0.1:9185",   // Go's profiler, for the program; absent = none
 //	  "log_level": "info",                // debug, info, warn, error
 //	  "wait": "thread",                   // or "netpoller" (cidroute.WaitMode)
 //	  "xdp_interfaces": ["eth0"],         // for the program (module cidroute/xdp)
@@ -28,7 +29,7 @@
 //	    "name": "coaps", "protocol": "dtls", "listen": "0.0.0.0:5684",
 //	    "cid_length": 8,                  // DTLS default 8, QUIC 12
 //	    "cid_codec": "quic-lb-encrypted", "cid_nonce_length": 6, "cid_keys_file": "keys.json",
-//	    "proxy_protocol": true,           // false: transparent mode
+//	    "proxy_protocol": false,          // transparent mode; absent or true: PROXY v2 headers
 //	    "max_sessions": 0, "session_idle": "2m", // transparent mode only
 //	    "workers": 2, "max_registry_age": "30s",
 //	    "recv_buffer": 4194304, "send_buffer": 0, // bytes; 0 = the kernel's default; recv_buffer absent = 4 MiB
@@ -47,8 +48,18 @@
 // of them, from the program (Options.Source). With "health_check",
 // Registries.Run also runs a health.Checker per service, which marks
 // backends down in the service's registry (Registries.Checker gives its
-// Stats). The meaning and bounds of
-// every key are in examples/cidproxy/README.md; Parse enforces them.
+// Stats). The meaning and bounds of every key are in
+// docs/configuration.md; Parse enforces them.
+//
+// # Errors
+//
+// Every mistake in the file is an *Error, formatted as
+//
+//	cidproxy.json:8:21: services[0].cid_length: 0 is not a DTLS CID length; write 5-255 (8 is usual), or leave the key out for 8
+//
+// FILE:LINE:COLUMN, the key's JSON path, what is wrong and what to write.
+// Load, Parse, Validate, CheckFiles and Build (a cid_keys_file) return
+// them; a syntax error, YAML, a null or an empty string are mistakes too.
 //
 // # Reloads
 //

@@ -3,6 +3,7 @@ package proxyconfig
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"regexp"
@@ -21,6 +22,11 @@ func FuzzParseConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse(bytes.NewReader(data))
 		if err != nil {
+			// Every mistake in the format, positioned unless the file is empty.
+			var e *Error
+			if !errors.As(err, &e) || e.Problem == "" || (e.Line == 0) != (len(bytes.Trim(data, " \t\r\n")) == 0) {
+				t.Fatalf("%q: error %#v", data, err)
+			}
 			return
 		}
 		if err := keysExactAndUnique(data); err != nil {

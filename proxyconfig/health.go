@@ -23,37 +23,54 @@ type fileHealthCheck struct {
 const (
 	minProbeInterval = 100 * time.Millisecond
 	minProbeTimeout  = 10 * time.Millisecond
+	maxFallRise      = 100
 )
 
-// parseHealthCheck applies "health_check" to s, whose protocol and mode
-// are known: s.Health gets the checker's configuration with the defaults
-// applied (no Logger: Build gives it the service's).
-func parseHealthCheck(fh *fileHealthCheck, s *Service) error {
+// parseHealthCheck applies the "health_check" at path to s, whose
+// protocol and mode are known: s.Health gets the checker's configuration
+// with the defaults applied (no Logger: Build gives it the service's).
+func parseHealthCheck(src *source, path string, fh *fileHealthCheck, s *Service) error {
 	if fh == nil {
 		return nil
 	}
+	at := func(key string) string { return path + "." + key }
 	hc := health.Config{Service: s.Name, Fall: fh.Fall, Rise: fh.Rise,
 		ProbeConfig: health.ProbeConfig{Protocol: cidroute.DTLS, Direct: s.Transparent}}
 	if s.Protocol == cidroute.QUIC {
 		hc.Protocol = cidroute.QUIC
 	}
 	var err error
-	if hc.Interval, err = parseDuration("health_check.interval", fh.Interval, minProbeInterval, false); err != nil {
+	if hc.Interval, err = parseDuration(src, at("interval"), fh.Interval, minProbeInterval, false); err != nil {
 		return err
 	}
-	if hc.Timeout, err = parseDuration("health_check.timeout", fh.Timeout, minProbeTimeout, false); err != nil {
+	if hc.Timeout, err = parseDuration(src, at("timeout"), fh.Timeout, minProbeTimeout, false); err != nil {
 		return err
 	}
 	if fh.Jitter == "0s" {
 		hc.Jitter = -1
-	} else if hc.Jitter, err = parseDuration("health_check.jitter", fh.Jitter, time.Millisecond, false); err != nil {
+	} else if hc.Jitter, err = parseDuration(src, at("jitter"), fh.Jitter, time.Millisecond, false); err != nil {
 		return err
 	}
-	if fh.Fall < 0 || fh.Rise < 0 {
-		return fmt.Errorf("health_check: fall %d, rise %d: want 1 to 100 (0: the defaults 3 and 2)", fh.Fall, fh.Rise)
+	interval := hc.Interval
+	if interval == 0 {
+		interval = health.DefaultInterval
 	}
-	if hc, err = hc.WithDefaults(); err != nil {
-		return fmt.Errorf("health_check: %w", err)
+	switch {
+	case hc.Timeout > interval:
+		return src.err(at("timeout"), fmt.Sprintf("%q is longer than the interval, %v", fh.Timeout, interval), "write "+want(at("timeout")))
+	case hc.Jitter >= interval:
+		return src.err(at("jitter"), fmt.Sprintf("%q is not less than the interval, %v", fh.Jitter, interval), "write "+want(at("jitter")))
+	}
+	for _, v := range []struct {
+		key string
+		n   int
+	}{{"fall", fh.Fall}, {"rise", fh.Rise}} {
+		if src.has(at(v.key)) && (v.n < 1 || v.n > maxFallRise) {
+			return src.err(at(v.key), fmt.Sprintf("%d is out of range", v.n), "write "+want(at(v.key)))
+		}
+	}
+	if hc, err = hc.WithDefaults(); err != nil { // the bounds above are these
+		return src.wrap(path, err, err.Error(), "")
 	}
 	hc.Logger = nil
 	s.Health = &hc

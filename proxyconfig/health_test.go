@@ -47,12 +47,13 @@ func TestHealthCheckConfig(t *testing.T) {
 
 	for hc, want := range map[string]string{
 		`{"interval": "10ms"}`:                 "health_check.interval",
-		`{"interval": "1s", "timeout": "2s"}`:  "timeout 2s",
+		`{"interval": "1s", "timeout": "2s"}`:  `health_check.timeout: "2s" is longer than the interval, 1s`,
 		`{"timeout": "1ms"}`:                   "health_check.timeout",
-		`{"interval": "1s", "jitter": "1s"}`:   "jitter 1s",
-		`{"fall": -1}`:                         "fall -1",
-		`{"rise": 101}`:                        "rise 101",
-		`{"interva": "1s"}`:                    `unknown key "interva"`,
+		`{"interval": "1s", "jitter": "1s"}`:   `health_check.jitter: "1s" is not less than the interval, 1s`,
+		`{"fall": -1}`:                         "health_check.fall: -1 is out of range; write 1-100 (default 3)",
+		`{"fall": 0}`:                          "health_check.fall: 0 is out of range; write 1-100 (default 3)",
+		`{"rise": 101}`:                        "health_check.rise: 101 is out of range; write 1-100 (default 2)",
+		`{"interva": "1s"}`:                    `health_check.interva: unknown key; did you mean "interval"?`,
 		`{"interval": "1s", "Interval": "2s"}`: "Interval",
 		`{"interval": 1}`:                      "interval",
 		`true`:                                 "health_check",
@@ -97,4 +98,50 @@ func TestRegistriesRunHealthChecker(t *testing.T) {
 	assert.Contains(t, logs.String(), "service=d")
 	q, _ := regs.Registry("q")
 	assert.False(t, q.Snapshot().Down(0), "no probes without health_check")
+}
+
+// Issue 35: the marks belong to the checker. A backend marked down that
+// the source then drains keeps its mark quietly; when health_check is
+// removed, every mark the checker set goes with it, the draining
+// backend's too, so that it takes new sessions once the source makes it
+// ready again (before the fix it stayed down for good, with nothing left
+// to probe it).
+func TestHealthRemovedLiftsEveryMark(t *testing.T) {
+	dead := func() string {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		require.NoError(t, err)
+		defer c.Close()
+		return c.LocalAddr().String()
+	}
+	a0, a1 := dead(), dead()
+	conf := func(state1, hc string) *Config {
+		return mustParse(t, `{"services": [{"name": "d", "protocol": "dtls", "listen": "127.0.0.1:5684",
+			"backends": [{"ordinal": 0, "address": "`+a0+`"}, {"ordinal": 1, "address": "`+a1+`", "state": "`+state1+`"}]`+hc+`}]}`)
+	}
+	const hc = `, "health_check": {"interval": "100ms", "timeout": "50ms", "fall": 1}`
+	base := conf("ready", hc)
+	o := Options{Logger: slog.New(slog.DiscardHandler)}
+	regs, err := base.Build(o)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); regs.Run(ctx) }()
+	defer func() { cancel(); <-ran; regs.Close() }()
+	reg, _ := regs.Registry("d")
+	require.Eventually(t, func() bool { return reg.Stats().Down == 2 }, 5*time.Second, 5*time.Millisecond, "both ports are closed")
+
+	apply := func(next *Config) {
+		t.Helper()
+		d := base.Diff(next)
+		require.NoError(t, regs.Apply(d, o))
+		base = d.Effective
+	}
+	apply(conf("draining", hc)) // the source drains 1: its mark waits
+	st := reg.Stats()
+	assert.Equal(t, [2]int{1, 1}, [2]int{st.Down, st.Draining})
+	apply(conf("draining", "")) // no more health checks
+	assert.Zero(t, reg.Stats().Down, "the ready backend's mark is lifted")
+	apply(conf("ready", "")) // 1 is back
+	st = reg.Stats()
+	assert.Equal(t, [2]int{2, 0}, [2]int{st.Ready, st.Down}, "no mark outlives its checker, whatever the backend's state was")
 }

@@ -34,8 +34,8 @@ func (r Refusal) String() string {
 
 // A ServiceDelta is what a reload changes in one service.
 type ServiceDelta struct {
-	Name  string
-	Added bool // a new service: new sockets for it alone
+	Name  string // the service's
+	Added bool   // a new service: new sockets for it alone
 	// Backends: the backends, backends_file or kubernetes key changed
 	// (weights and states are in the list); the source is replaced.
 	Backends bool
@@ -46,8 +46,8 @@ type ServiceDelta struct {
 // A Delta is what moving a running program from one configuration to the
 // next changes, as Config.Diff finds it.
 type Delta struct {
-	LogLevel bool
-	Services []ServiceDelta
+	LogLevel bool           // log_level changed (Effective.LogLevel is the new one)
+	Services []ServiceDelta // the services added or changed in place, in the file's order
 	// Refused are the changes that need new sockets or a new pipeline. A
 	// service with a refused key keeps its whole running configuration,
 	// so that a half-applied change (new backends of another protocol)
@@ -73,6 +73,10 @@ func (c *Config) Diff(next *Config) Delta {
 	if c.MetricsListen != next.MetricsListen {
 		refuse("", "metrics_listen")
 		eff.MetricsListen = c.MetricsListen
+	}
+	if c.PprofListen != next.PprofListen {
+		refuse("", "pprof_listen")
+		eff.PprofListen = c.PprofListen
 	}
 	if !slices.Equal(c.XDPInterfaces, next.XDPInterfaces) {
 		refuse("", "xdp_interfaces")
@@ -163,8 +167,8 @@ func sameSource(a, b Service) bool {
 // source is replaced by a new source on the same registry (a static list
 // is published before Apply returns; with another source the registry
 // routes on the previous backends until it publishes), and a changed health_check by a new checker,
-// which starts from the current down marks (no health_check: the marks
-// are cleared). The services' sockets and routing are not touched. Added
+// which inherits the old one's down marks (no health_check: stopping the
+// old checker lifts every mark it set, whatever the backend's state). The services' sockets and routing are not touched. Added
 // services are AddService's; limits are the Pipeline's (SetLimits). A
 // service that cannot be changed (its new source fails to build) keeps
 // what it had, and the error names it.
@@ -229,12 +233,12 @@ func (r *Registries) apply(sc Service, sd ServiceDelta, o Options, log *slog.Log
 			return err
 		}
 		r.mu.Lock()
-		stop, done := s.hcStop, s.hcDone
+		old, stop, done := s.checker, s.hcStop, s.hcDone
 		r.mu.Unlock()
-		r.stopWait(stop, done, "the replaced health checker", log)
-		if c == nil {
-			clearDown(s.reg)
+		if c != nil && old != nil {
+			c.Inherit(old.Down())
 		}
+		r.stopWait(stop, done, "the replaced health checker", log)
 		r.mu.Lock()
 		s.checker, s.hcStop, s.hcDone = c, nil, nil
 		r.startCheckerLocked(s)
@@ -274,16 +278,6 @@ func (u *skipFirstUpdate) MaxAge() time.Duration {
 	return 0
 }
 
-// clearDown lifts every down mark of reg: without a checker nothing would.
-func clearDown(reg *registry.Registry) {
-	snap := reg.Snapshot()
-	for _, b := range snap.Backends() {
-		if snap.Down(b.Ordinal) {
-			reg.SetDown(b.Ordinal, b.Addr, false)
-		}
-	}
-}
-
 func sourceName(sc Service) string {
 	switch {
 	case sc.Kubernetes != nil:
@@ -310,7 +304,7 @@ func (r *Registries) AddService(sc Service, o Options) (cidroute.Service, error)
 	if slices.ContainsFunc(r.services, func(s *service) bool { return s.name == sc.Name }) {
 		return cidroute.Service{}, fmt.Errorf("service %q: already running", sc.Name)
 	}
-	s, def, err := r.build(r.seed, sc, o, log.With("service", sc.Name))
+	s, def, err := r.build(nil, sc, o, log.With("service", sc.Name))
 	if err != nil {
 		return cidroute.Service{}, fmt.Errorf("service %q: %w", sc.Name, err)
 	}

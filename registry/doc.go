@@ -29,7 +29,11 @@
 // # Health
 //
 // A health checker (package health probes backends through their DTLS or
-// QUIC stack) marks a backend down with [Registry.SetDown]. The registry
+// QUIC stack) marks a backend down with [Marks.SetDown], through the
+// Marks that [Registry.TakeMarks] gave it. A registry has one live Marks
+// at most, and a mark lives only as long as the Marks that set it: taking
+// new Marks or releasing them lifts every mark of the old ones, in every
+// backend state, so that no mark outlives its checker. The registry
 // keeps the source's list and the marks apart and publishes their
 // combination: a backend its source calls ready and that is marked down is
 // routed as draining (no new sessions, CID sessions kept), and

@@ -28,10 +28,12 @@ func TestSetDown(t *testing.T) {
 	noErr(t, r.Update(bs))
 	before := r.Snapshot()
 	v := before.Version()
+	m := r.TakeMarks(nil)
+	equal(t, r.Snapshot().Version(), v, "no marks, no new snapshot")
 
-	truth(t, !r.SetDown(2, ap("10.9.9.9:5684"), true), "an address the backend does not have is not marked")
-	truth(t, r.SetDown(2, bs[2].Addr, true), "marking down publishes")
-	truth(t, !r.SetDown(2, bs[2].Addr, true), "twice is no change")
+	truth(t, !m.SetDown(2, ap("10.9.9.9:5684"), true), "an address the backend does not have is not marked")
+	truth(t, m.SetDown(2, bs[2].Addr, true), "marking down publishes")
+	truth(t, !m.SetDown(2, bs[2].Addr, true), "twice is no change")
 	s := r.Snapshot()
 	equal(t, s.Version(), v+1, "a health change is a new version")
 	b, ok := s.Serving(2)
@@ -57,13 +59,13 @@ func TestSetDown(t *testing.T) {
 	truth(t, r.Snapshot().Down(2), "kept through an update with the same address")
 
 	// Up again: the placement is the original one.
-	truth(t, r.SetDown(2, bs[2].Addr, false))
+	truth(t, m.SetDown(2, bs[2].Addr, false))
 	equal(t, picked(r.Snapshot()), p0)
 	truth(t, !r.Snapshot().Down(2))
 
 	// Draining by the source and down: one routing state; the mark waits
 	// and applies when the source makes it ready again.
-	truth(t, r.SetDown(1, bs[1].Addr, true))
+	truth(t, m.SetDown(1, bs[1].Addr, true))
 	dr := manyBackends(4)
 	dr[1].State = Draining
 	noErr(t, r.Update(dr))
@@ -82,7 +84,7 @@ func TestSetDown(t *testing.T) {
 
 	// Every ready backend down: nothing takes new sessions, CIDs still route.
 	for _, b := range bs {
-		r.SetDown(b.Ordinal, b.Addr, true)
+		m.SetDown(b.Ordinal, b.Addr, true)
 	}
 	s = r.Snapshot()
 	_, ok = s.PickNew([]byte("k"))
@@ -90,4 +92,49 @@ func TestSetDown(t *testing.T) {
 	_, ok = s.Serving(0)
 	truth(t, ok)
 	equal(t, r.Stats().Ready, 0)
+}
+
+// Marks belong to the checker that set them: a retired Marks takes every
+// mark away, a draining or gone backend's too, and can set none again;
+// taking new Marks retires the old ones in the same snapshot, with the
+// marks handed over; marks taken before the first list wait for it.
+func TestMarksOwnership(t *testing.T) {
+	r, _ := newTestRegistry(t, 0)
+	bs := manyBackends(4)
+	pending := r.TakeMarks([]Backend{bs[1], {Ordinal: 9, Addr: ap("10.9.9.9:1")}})
+	equal(t, r.Snapshot().Version(), uint64(0), "nothing published before the source's first list")
+	noErr(t, r.Update(bs))
+	truth(t, r.Snapshot().Down(1), "a mark taken before the first list applies to it")
+	pending.Release()
+	truth(t, !r.Snapshot().Down(1))
+
+	a := r.TakeMarks(nil)
+	truth(t, a.SetDown(0, bs[0].Addr, true))
+	truth(t, a.SetDown(1, bs[1].Addr, true))
+	a.SetDown(2, bs[2].Addr, true)
+	st := manyBackends(4)
+	st[1].State, st[2].State = Draining, Gone
+	noErr(t, r.Update(st)) // marks on a draining and a gone backend wait quietly
+	equal(t, r.Stats().Down, 1)
+	v := r.Snapshot().Version()
+	a.Release()
+	truth(t, r.Snapshot().Version() == v+1 && r.Stats().Down == 0, "released: the ready backend's mark is lifted")
+	truth(t, !a.Live())
+	noErr(t, r.Update(bs))
+	equal(t, r.Stats().Ready, 4, "and so are those of the draining and the gone backend")
+	truth(t, !a.SetDown(0, bs[0].Addr, true), "a retired Marks sets nothing")
+	equal(t, r.Stats().Down, 0)
+	a.Release() // idempotent
+
+	b := r.TakeMarks(nil)
+	truth(t, b.SetDown(3, bs[3].Addr, true))
+	c := r.TakeMarks([]Backend{bs[0], {Ordinal: 3, Addr: ap("10.9.9.9:1")}})
+	truth(t, !b.Live() && c.Live())
+	s := r.Snapshot()
+	truth(t, s.Down(0) && !s.Down(3), "the new Marks start with what was handed over, at the listed address only")
+	b.Release()
+	truth(t, r.Snapshot().Down(0), "releasing a retired Marks touches nothing")
+	truth(t, !b.SetDown(1, bs[1].Addr, true))
+	c.Release()
+	equal(t, r.Stats().Down, 0)
 }

@@ -46,7 +46,9 @@ type Registry struct {
 
 	mu        sync.Mutex               // serializes publishing and the state below
 	src       []Backend                // the source's last accepted list, normalized
-	down      map[uint8]netip.AddrPort // ordinal → address marked down (SetDown)
+	down      map[uint8]netip.AddrPort // ordinal → address marked down by the owner's Marks
+	owner     uint64                   // generation of the live Marks; 0: none, and down is empty
+	gens      uint64                   // generations handed out
 	confirmed time.Time                // last Update or Confirm
 	timer     *time.Timer
 	closed    bool
@@ -170,24 +172,109 @@ func (r *Registry) publishLocked(src []Backend, down map[uint8]netip.AddrPort) e
 	return nil
 }
 
+// Marks is the set of down marks of one health checker in a registry.
+// The registry has at most one live Marks: TakeMarks hands out a new one
+// and retires the previous, whose marks go with it, and Release retires
+// it. The marks exist only while their Marks is live, so that no mark can
+// outlive the checker that set it: a checker that stops or is replaced
+// takes every mark it set away, whatever its backend's state. Its methods
+// are safe for concurrent use; on a retired Marks they do nothing.
+type Marks struct {
+	r   *Registry
+	gen uint64
+}
+
+// TakeMarks makes a new Marks the registry's only one, starting with the
+// backends of down marked down (marks a previous checker handed over, as
+// in a restart handover): those the current list has at the same address,
+// or all of them while no list has been published yet, so that marks
+// taken before the source's first list apply to it. The previous Marks is
+// retired, and its marks lifted in the same snapshot.
+func (r *Registry) TakeMarks(down []Backend) *Marks {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gens++
+	r.owner = r.gens
+	next := map[uint8]netip.AddrPort{}
+	listed := r.cur.Load().version > 0
+	for _, b := range down {
+		a := netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port())
+		if !listed || slices.ContainsFunc(r.src, func(s Backend) bool { return s.Ordinal == b.Ordinal && s.Addr == a }) {
+			next[b.Ordinal] = a
+		}
+	}
+	r.setMarksLocked(next, "taking marks")
+	return &Marks{r: r, gen: r.owner}
+}
+
+// Release retires m and lifts every mark it set, in every state: ready,
+// draining or gone by its source. It is idempotent.
+func (m *Marks) Release() {
+	r := m.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.owner != m.gen {
+		return
+	}
+	r.owner = 0
+	r.setMarksLocked(nil, "releasing marks")
+}
+
+// Live reports whether m is still the registry's Marks.
+func (m *Marks) Live() bool {
+	m.r.mu.Lock()
+	defer m.r.mu.Unlock()
+	return m.r.owner == m.gen
+}
+
+// setMarksLocked replaces the marks, publishing when the routing changes.
+func (r *Registry) setMarksLocked(next map[uint8]netip.AddrPort, what string) {
+	if len(next) == 0 {
+		next = nil
+	}
+	if !r.marksRoute(r.down) && !r.marksRoute(next) {
+		r.down = next
+		return
+	}
+	if err := r.publishLocked(r.src, next); err != nil {
+		r.log.Error(what, "err", err) // cannot fail: a subset of a valid list
+	}
+}
+
+// marksRoute reports whether any mark of down applies to a ready backend.
+func (r *Registry) marksRoute(down map[uint8]netip.AddrPort) bool {
+	for _, b := range r.src {
+		if a, ok := down[b.Ordinal]; ok && a == b.Addr && b.State == Ready {
+			return true
+		}
+	}
+	return false
+}
+
 // SetDown marks the backend with the given ordinal and address down (down
 // true) or up again, as a health checker decides. A backend its source
 // calls ready and that is marked down is published as draining: it takes
 // no new sessions and keeps serving its CID sessions, whose routes never
 // depend on health. The mark applies to that address only and goes away
-// when the source drops the backend or moves it to another address. The
-// marks are this registry's own: each proxy replica probes on its own, so
-// replicas may disagree for a while about which backends are down, and
-// then differ only in where they place new sessions (HRW moves only the
-// down backend's keys), never in where a CID's datagrams go.
+// when the source drops the backend or moves it to another address, or
+// when m is retired. The marks are this registry's own: each proxy
+// replica probes on its own, so replicas may disagree for a while about
+// which backends are down, and then differ only in where they place new
+// sessions (HRW moves only the down backend's keys), never in where a
+// CID's datagrams go.
 //
 // SetDown publishes a new snapshot when the routing changes, and reports
 // whether it did. A backend the current list does not have (the source
-// changed it meanwhile) is left alone.
-func (r *Registry) SetDown(ordinal uint8, addr netip.AddrPort, down bool) bool {
+// changed it meanwhile) is left alone, and so is everything once m is
+// retired.
+func (m *Marks) SetDown(ordinal uint8, addr netip.AddrPort, down bool) bool {
+	r := m.r
 	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.owner != m.gen {
+		return false
+	}
 	i := slices.IndexFunc(r.src, func(b Backend) bool { return b.Ordinal == ordinal && b.Addr == addr })
 	if i < 0 {
 		return false

@@ -23,7 +23,7 @@ type Snapshot struct {
 	ready   []hrw.Candidate // what pick was built from, sorted by ordinal
 	addrs   addrTable       // serving backends by address
 	counts  [Gone + 1]int   // backends by state, as routed (a down backend counts as draining)
-	down    [4]uint64       // ordinals marked down by a health checker (Registry.SetDown)
+	down    [4]uint64       // ordinals marked down by a health checker (Marks.SetDown)
 	ndown   int
 }
 
@@ -75,7 +75,7 @@ func newSnapshot(version, seed uint64, bs []Backend, down map[uint8]netip.AddrPo
 
 // Version counts the snapshots the registry has published: 0 is the empty
 // snapshot a new registry starts with, and every accepted Update and every
-// health change (Registry.SetDown) adds one.
+// health change (Marks.SetDown) adds one.
 func (s *Snapshot) Version() uint64 { return s.version }
 
 // Backends returns all backends of the snapshot, gone ones included, sorted
@@ -88,7 +88,7 @@ func (s *Snapshot) Backends() []Backend { return s.list[:len(s.list):len(s.list)
 func (s *Snapshot) Len() int { return len(s.list) }
 
 // Down reports whether the backend with the given ordinal is ready by its
-// source but marked down by a health checker (Registry.SetDown), so that
+// source but marked down by a health checker (Marks.SetDown), so that
 // it is routed as draining.
 func (s *Snapshot) Down(ordinal uint8) bool { return s.down[ordinal/64]&(1<<(ordinal%64)) != 0 }
 

@@ -76,17 +76,18 @@ type env struct {
 
 // A process is a started program; Stop ends it.
 type process struct {
-	cmd      *exec.Cmd
-	addr     netip.AddrPort // where it listens for clients
-	debugURL string         // cidproxy's metrics listener: http://127.0.0.1:PORT
-	stderr   *tail
-	done     chan struct{}
+	cmd       *exec.Cmd
+	addr      netip.AddrPort // where it listens for clients
+	debugURL  string         // cidproxy's metrics listener: http://127.0.0.1:PORT
+	pprofBase string         // cidproxy's profiler listener (pprof_listen): http://127.0.0.1:PORT
+	stderr    *tail
+	done      chan struct{}
 }
 
 func (p *process) pid() int { return p.cmd.Process.Pid }
 
-// pprofURL names one of Go's profiles on the process's metrics listener.
-func (p *process) pprofURL(profile string) string { return p.debugURL + "/debug/pprof/" + profile }
+// pprofURL names one of Go's profiles on the process's profiler listener.
+func (p *process) pprofURL(profile string) string { return p.pprofBase + "/debug/pprof/" + profile }
 
 // Stop sends SIGTERM, waits up to 5 s, then kills.
 func (p *process) Stop() {
@@ -211,12 +212,17 @@ func (e *env) startCidproxyWith(backend netip.AddrPort, workers int, wait string
 	if err != nil {
 		return nil, err
 	}
+	pport, err := freeTCP()
+	if err != nil {
+		return nil, err
+	}
 	type be struct {
 		Ordinal int    `json:"ordinal"`
 		Address string `json:"address"`
 	}
 	cfg := map[string]any{
 		"metrics_listen": fmt.Sprintf("127.0.0.1:%d", mport),
+		"pprof_listen":   fmt.Sprintf("127.0.0.1:%d", pport),
 		"log_level":      "warn",
 		"wait":           wait,
 		"services": []map[string]any{{
@@ -244,6 +250,7 @@ func (e *env) startCidproxyWith(backend netip.AddrPort, workers int, wait string
 	}
 	p.addr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(port))
 	p.debugURL = fmt.Sprintf("http://127.0.0.1:%d", mport)
+	p.pprofBase = fmt.Sprintf("http://127.0.0.1:%d", pport)
 	return p, nil
 }
 

@@ -113,7 +113,7 @@ func (e *env) measure(ctx context.Context, f forwarder, echo map[bool]netip.Addr
 	args := []string{"-json", "-target", p.addr.String(), "-clients", strconv.Itoa(pt.Clients),
 		"-rate", strconv.FormatUint(pt.Rate, 10), "-warmup", t.warmup, "-duration", t.duration, "-drain", t.drain,
 		"-watch-pid", strconv.Itoa(p.pid())}
-	if f.Allocs && p.debugURL != "" {
+	if f.Allocs && p.pprofBase != "" {
 		args = append(args, "-watch-allocs", p.pprofURL("heap?debug=1"))
 	}
 	cmd := command(e.genCPU, filepath.Join(e.bin, "loadgen"), args...)

@@ -12,6 +12,12 @@
 // address; a ClientHello from an unknown address starts a session), for
 // users who call pion themselves.
 //
+// The Listener answers a proxy's health probes (package health) without
+// opening a session, tying its HelloVerifyRequest to the probe. DataProbe
+// is the prober's side of a deeper check, for the proxy: a full handshake
+// and one echo through the PROXY path, which fails a backend that answers
+// hellos but drops its sessions' data.
+//
 // # Sessions follow their client and their proxy
 //
 // Sessions learn their CID from the ServerHello pion sends (its

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/ppv2/backend"
 )
 
@@ -84,7 +85,11 @@ func (c *probeConn) ReadFrom(b []byte) (int, net.Addr, error) {
 }
 
 // WriteTo sends pion's first datagram to the prober and drops the rest:
-// its first record is what a prober checks.
+// its first record is what a prober checks. A HelloVerifyRequest takes
+// the record sequence number of the hello, as RFC 6347 §4.2.2 wants
+// (pion numbers its own records from 0): the prober ties the answer to
+// its probe by it, so that answers forged from this backend's address,
+// which cannot echo it, do not pass for this backend's.
 func (c *probeConn) WriteTo(b []byte, _ net.Addr) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -94,7 +99,22 @@ func (c *probeConn) WriteTo(b []byte, _ net.Addr) (int, error) {
 	default:
 	}
 	close(c.answered)
+	if hello, _, err := dtls.ParseRecord(c.hello, dtls.MinCIDLen); err == nil {
+		if r, _, err := dtls.ParseRecord(b, dtls.MinCIDLen); err == nil && r.Type == dtls.Handshake && r.Epoch == 0 && len(r.Fragment) > 0 &&
+			r.Fragment[0] == byte(dtls.HandshakeHelloVerifyRequest) && hello.Seq != r.Seq {
+			b = append([]byte(nil), b...) // pion's buffer stays pion's
+			putSeq48(b[5:11], hello.Seq)
+		}
+	}
 	return c.l.conn.WriteToAddr(b, *c.to)
+}
+
+// putSeq48 writes a record's 48-bit sequence number.
+func putSeq48(b []byte, seq uint64) {
+	for i := 5; i >= 0; i-- {
+		b[i] = byte(seq)
+		seq >>= 8
+	}
 }
 
 func (c *probeConn) Close() error {

@@ -1,6 +1,6 @@
 // Command cidproxy is the reference cidroute proxy: a stateless, CID-aware
 // UDP proxy for DTLS 1.2 (RFC 9146) and QUIC services, configured by a JSON
-// file. See README.md for the file format.
+// file. See docs/configuration.md (cidproxy -h names it) for the file.
 //
 //	cidproxy -config cidproxy.json          run
 //	cidproxy -check -config cidproxy.json   validate the file and exit

@@ -403,10 +403,10 @@ func attackEmptyBackendsFile(t *testing.T, env *hostileEnv) {
 	// -check and an inline list say the same.
 	code, out := env.check(t, fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "dtls", "listen": "%v", "backends_file": "backends.json"}]}`, svc))
 	require.Equal(t, 1, code)
-	require.Contains(t, out, "empty backend list")
+	require.Contains(t, out, "the list is empty")
 	code, out = env.check(t, fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "dtls", "listen": "%v", "backends": []}]}`, svc))
 	require.Equal(t, 1, code)
-	require.Contains(t, out, "empty backend list")
+	require.Contains(t, out, "services[0].backends: the list is empty")
 }
 
 // 15.6: durations too short to work: session_idle 3ns panicked the
@@ -416,9 +416,9 @@ func attackEmptyBackendsFile(t *testing.T, env *hostileEnv) {
 func attackTinyDurations(t *testing.T, env *hostileEnv) {
 	env.write(t, "backends.json", env.backendList(1))
 	for _, tc := range []struct{ keys, want string }{
-		{`"proxy_protocol": false, "session_idle": "3ns"`, `session_idle "3ns": want at least 1s`},
-		{`"max_registry_age": "4ns"`, `max_registry_age "4ns": want "0s" (off) or at least 3s`},
-		{`"max_registry_age": "2999ms"`, `at least 3s`},
+		{`"proxy_protocol": false, "session_idle": "3ns"`, `session_idle: "3ns" is less than 1s`},
+		{`"max_registry_age": "4ns"`, `max_registry_age: "4ns" is less than 3s; write "0s" (off, the default) or a Go duration of at least "3s"`},
+		{`"max_registry_age": "2999ms"`, `"2999ms" is less than 3s`},
 	} {
 		body := fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "dtls", "listen": "%v", "backends_file": "backends.json", %s}]}`, freeService(t), tc.keys)
 		code, out := env.check(t, body)
@@ -485,10 +485,10 @@ func attackSecondInstance(t *testing.T, env *hostileEnv) {
 func attackConfigKeys(t *testing.T, env *hostileEnv) {
 	svc := fmt.Sprintf(`{"name": "svc", "protocol": "dtls", "listen": "%v", "backends": %s}`, freeService(t), env.backendList(1))
 	for _, tc := range []struct{ body, want string }{
-		{`{"hrw_seed": 1, "HRW_SEED": 2, "services": [` + svc + `]}`, `unknown key "HRW_SEED" (keys are lower case: "hrw_seed")`},
-		{`{"hrw_seed": 1, "hrw_seed": 2, "services": [` + svc + `]}`, `repeated key "hrw_seed"`},
-		{`{"services": [` + svc[:len(svc)-1] + `, "Workers": 2}]}`, `unknown key "Workers"`},
-		{`{"services": [` + svc[:len(svc)-1] + `, "backends": []}]}`, `repeated key "backends"`},
+		{`{"hrw_seed": 1, "HRW_SEED": 2, "services": [` + svc + `]}`, `HRW_SEED: unknown key; write "hrw_seed" (keys are lower case)`},
+		{`{"hrw_seed": 1, "hrw_seed": 2, "services": [` + svc + `]}`, `hrw_seed: given twice in one object`},
+		{`{"services": [` + svc[:len(svc)-1] + `, "Workers": 2}]}`, `services[0].Workers: unknown key`},
+		{`{"services": [` + svc[:len(svc)-1] + `, "backends": []}]}`, `services[0].backends: given twice in one object`},
 		{`{"services": [` + strings.Replace(svc, "127.0.0.1", "255.255.255.255", 1) + `]}`, "broadcast"},
 		{`{"services": [` + strings.Replace(svc, "127.0.0.1", "[::ffff:255.255.255.255]", 1) + `]}`, "broadcast"},
 	} {
@@ -671,13 +671,13 @@ func attackOwnBackend(t *testing.T, env *hostileEnv) {
 	} {
 		code, out := env.check(t, body)
 		require.Equal(t, 1, code, "%s: -check accepted it:\n%s", name, out)
-		require.Contains(t, out, "is one of the proxy's own addresses", name)
+		require.Contains(t, out, "is an address of this proxy", name)
 		path := env.write(t, "run.json", body)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		got, err := exec.CommandContext(ctx, env.bin, "-config", path).CombinedOutput()
 		cancel()
 		require.Error(t, err, "%s: started:\n%s", name, got)
-		require.Contains(t, string(got), "is one of the proxy's own addresses", name)
+		require.Contains(t, string(got), "is an address of this proxy", name)
 	}
 }
 

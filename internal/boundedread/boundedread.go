@@ -43,7 +43,7 @@ func RegularFunc(path string, limit int64, check func(fs.FileInfo) error) ([]byt
 		return nil, err
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: %w (%v)", path, ErrNotRegular, fi.Mode().Type())
+		return nil, fmt.Errorf("%s: %w (%s, mode %04o)", path, ErrNotRegular, TypeName(fi.Mode()), fi.Mode().Perm())
 	}
 	if check != nil {
 		if err := check(fi); err != nil {
@@ -122,4 +122,23 @@ func Read(ctx context.Context, path string, limit int64, timeout time.Duration) 
 		err = fmt.Errorf("%s: %w", path, err)
 	}
 	return data, err
+}
+
+// TypeName names the type of a file that is not a regular one: "a
+// directory", "a FIFO" ... (FileMode's String prints a directory's type
+// as "d---------").
+func TypeName(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	}
+	return "a special file"
 }

@@ -71,3 +71,14 @@ func TestRead(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got, 10)
 }
+
+// TestNotRegularNamed: a directory is named as one, with its mode in
+// octal (FileMode's String printed "d---------").
+func TestNotRegularNamed(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	require.NoError(t, os.Chmod(dir, 0o755)) // whatever the umask
+	_, err := Regular(dir, 10)
+	require.ErrorIs(t, err, ErrNotRegular)
+	require.EqualError(t, err, dir+": not a regular file (a directory, mode 0755)")
+}

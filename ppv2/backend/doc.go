@@ -109,7 +109,10 @@
 //   - DTLS: the payload is a ClientHello (client_version DTLS 1.2, fe fd,
 //     no cookie) in one epoch-0 record (record version fe ff or fe fd); a
 //     healthy backend answers with a datagram whose first record is a
-//     HelloVerifyRequest or a ServerHello (handshake types 3 and 2). Offer
+//     HelloVerifyRequest or a ServerHello (handshake types 3 and 2). The
+//     HelloVerifyRequest carries the ClientHello's record sequence number
+//     (RFC 6347 §4.2.2; the piondtls listener sets it), which ties it to
+//     the probe: the prober sends a random one. Offer
 //     the cipher suites the backends use: a server that skips the cookie
 //     exchange answers a ClientHello it shares no suite with by an alert.
 //   - QUIC: the payload is a long-header packet with a version reserved

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,8 +45,6 @@ type Options struct {
 	hup        chan os.Signal // tests: SIGHUP without a signal
 }
 
-var errNoKubernetes = errors.New(`"kubernetes" backends need the Kubernetes build of cidproxy (examples/kubernetes/cidproxy)`)
-
 // Main runs the program as a process: signals, arguments, exit code.
 func Main(opts Options) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -72,6 +71,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 	version := fs.Bool("version", false, "print the version and exit")
 	var probe probeFlags // health.go
 	probe.register(fs)
+	fs.Usage = func() { usage(fs) }
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -107,7 +107,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 		err = cfg.CheckFiles(ctx)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "cidproxy: %v\n", err)
+		printError(stderr, err)
 		return 1
 	}
 	if *check {
@@ -123,10 +123,46 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 		if errors.Is(err, udpio.ErrInUse) && !opts.join && opts.handover == "" {
 			err = fmt.Errorf("%w; if that is a cidproxy this one replaces, start both with -handover PATH to take its sockets over without loss (restart handover), or this one with -join to share them", err)
 		}
+		var ce *proxyconfig.Error
+		if errors.As(err, &ce) { // a key file: as -check says it
+			printError(stderr, ce)
+			return 1
+		}
 		log.Error("cidproxy stopped", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// printError writes an error that stops the program before it serves. A
+// configuration mistake is written alone, FILE:LINE:COLUMN: KEY: ..., as
+// compilers write theirs (editors jump to it), the same from -check and
+// from a start.
+func printError(w io.Writer, err error) {
+	var ce *proxyconfig.Error
+	if errors.As(err, &ce) {
+		fmt.Fprintln(w, ce)
+		return
+	}
+	fmt.Fprintf(w, "cidproxy: %v\n", err)
+}
+
+// configReference is where every key of the configuration is described.
+const configReference = "docs/configuration.md in the cidroute repository (module github.com/cidroute/cidroute)"
+
+func usage(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprintf(w, `Usage:
+  cidproxy -config FILE            run the proxy the JSON configuration FILE describes
+  cidproxy -check -config FILE     validate FILE (and the files it names) as a start would, and exit
+  cidproxy -demo                   a self-contained demo on loopback
+
+The configuration reference, every key with its type, default and range:
+  %s
+
+Flags:
+`, configReference)
+	fs.PrintDefaults()
 }
 
 // serve runs the proxy described by cfg until ctx is done, or until a
@@ -143,18 +179,52 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
 	}
+	fresh := false // no predecessor passed its sockets: none, or one that went away first
 	if opts.handover != "" {
+		if err := checkHandoverDir(opts.handover); err != nil {
+			return err
+		}
 		inh, err := takeOver(ctx, opts.handover, log)
+		if errors.Is(err, errDeclined) {
+			log.Info("cidproxy stopped: told to stop before it took the sockets over")
+			return nil
+		}
 		if err != nil {
 			return err
 		}
 		opts.inherit = inh
+		fresh = inh == nil
 	}
+	for {
+		again, err := serveOnce(ctx, cfg, log, opts, hup, fresh)
+		if again == nil {
+			return err
+		}
+		// The successor vanished before the handover completed: serve
+		// again, on the sockets kept, with the configuration running.
+		opts.inherit, cfg, fresh = again.keep, again.cfg, false
+	}
+}
+
+// serveAgain is what a process whose successor vanished serves again.
+type serveAgain struct {
+	keep *inherited
+	cfg  *proxyconfig.Config
+}
+
+// serveOnce runs one pipeline: until ctx is done, a successor has taken
+// over (nil, nil), or a successor vanished after this process stopped
+// reading (what to serve again).
+func serveOnce(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts Options, hup chan os.Signal, fresh bool) (*serveAgain, error) {
 	inh := opts.inherit
 	p, err := newProxy(ctx, cfg, log, opts)
+	for try := 0; fresh && errors.Is(err, udpio.ErrInUse) && try < 20 && ctx.Err() == nil; try++ {
+		time.Sleep(50 * time.Millisecond) // the vanished predecessor's sockets are closing
+		p, err = newProxy(ctx, cfg, log, opts)
+	}
 	if err != nil {
 		inh.abort(err)
-		return err
+		return nil, err
 	}
 	var m *metricsServer
 	if cfg.MetricsListen != "" {
@@ -162,7 +232,7 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 		if err != nil {
 			inh.abort(err)
 			p.close()
-			return fmt.Errorf("metrics_listen: %w", err)
+			return nil, fmt.Errorf("metrics_listen: %w", err)
 		}
 	}
 	stopMetrics := func() {
@@ -172,23 +242,49 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 		}
 	}
 	defer stopMetrics()
-	if inh != nil {
-		if err := p.waitBackends(ctx, handoverReadyWait); err != nil {
-			err = fmt.Errorf("handover: %w", err)
+	if cfg.PprofListen != "" { // metrics.go
+		pp, err := startPprof(cfg.PprofListen, inh != nil, log)
+		if err != nil {
 			inh.abort(err)
 			p.close()
-			return err
+			return fmt.Errorf("pprof_listen: %w", err)
+		}
+		defer pp.stop()
+	}
+	if inh != nil {
+		within := handoverReadyWait
+		if inh.conn == nil {
+			within = handoverResumeWait
+		}
+		if err := p.waitBackends(ctx, within, inh.goneC()); err != nil {
+			if ctx.Err() != nil {
+				inh.abort(errDeclined)
+				p.close()
+				log.Warn("handover declined: this process was told to stop before it served")
+				return nil, nil
+			}
+			if inh.conn != nil && !closed(inh.goneC()) {
+				err = fmt.Errorf("handover: %w", err)
+				inh.abort(err)
+				p.close()
+				return nil, err
+			}
+			log.Warn("handover: serving before every registry has its first list: no other process reads the queues", "err", err)
 		}
 	}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	runErr := make(chan error, 1)
 	go func() { runErr <- p.pipe.Run(runCtx) }()
-	stop := func() error {
+	end := func() error {
 		stopRun()
 		err := <-runErr
 		p.close()
 		p.logFinal()
+		return err
+	}
+	stop := func() error {
+		err := end()
 		log.Info("cidproxy stopped")
 		return err
 	}
@@ -198,15 +294,22 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 		case err := <-runErr:
 			runErr <- err
 		}
-		if err := inh.ready(); err != nil {
-			// The predecessor gave up and serves on: one of us is enough.
-			log.Error("handover failed after this process started serving; stopping", "err", err)
+		if err := inh.ready(ctx); err != nil {
+			// The predecessor serves on: one of us is enough.
+			if errors.Is(err, errDeclined) {
+				log.Warn("handover declined: this process was told to stop before it completed", "err", err)
+			} else {
+				log.Error("handover failed after this process started serving; stopping", "err", err)
+			}
 			stopMetrics()
 			dctx, cancel := context.WithTimeout(context.Background(), opts.drain)
 			p.pipe.Drain(dctx)
 			cancel()
 			stop()
-			return fmt.Errorf("handover: %w", err)
+			if errors.Is(err, errDeclined) {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("handover: %w", err)
 		}
 		if err := p.startAccel(p.sourcesContext()); err != nil {
 			log.Error("xdp: not attached after the handover; the sockets serve everything", "err", err)
@@ -217,13 +320,14 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 		hello hoMsg
 	}
 	successors := make(chan successor)
+	handedOver := false // a successor serves, or is about to
 	if opts.handover != "" {
-		hl, err := listenHandover(opts.handover)
+		hl, err := listenHandover(opts.handover, log)
 		if err != nil {
 			log.Error("handover socket: this process cannot be replaced without loss", "path", opts.handover, "err", err)
 		} else {
 			log.Info("handover socket listening", "path", opts.handover)
-			defer hl.close()
+			defer func() { hl.close(handedOver) }()
 			go func() {
 				for {
 					c, err := hl.accept()
@@ -247,20 +351,58 @@ func serve(ctx context.Context, cfg *proxyconfig.Config, log *slog.Logger, opts 
 			}()
 		}
 	}
+	// A handover runs off this loop, which goes on reloading meanwhile;
+	// state keeps the two from changing the process at once.
+	var state sync.Mutex
+	var handing chan hoResult // while a handover runs
 	for {
-		select {
-		case <-ctx.Done():
-			return stop()
-		case <-hup:
-			p.reload(ctx)
-		case s := <-successors:
-			if p.handOver(ctx, s.c, s.hello, m, opts.drain) {
-				stopMetrics()
-				return stop()
-			}
-		case err := <-runErr:
-			runErr <- err
-			return stop()
+		done, runC, succ := ctx.Done(), runErr, successors
+		if handing != nil { // it watches ctx itself, and stops the pipeline
+			done, runC, succ = nil, nil, nil
 		}
+		select {
+		case <-done:
+			return nil, stop()
+		case <-hup:
+			state.Lock()
+			p.reload(ctx)
+			state.Unlock()
+		case s := <-succ:
+			handing = make(chan hoResult, 1)
+			go func(s successor, m *metricsServer) {
+				handing <- p.handOver(ctx, s.c, s.hello, m, cfg.MetricsListen, opts.drain, &state)
+			}(s, m)
+		case r := <-handing:
+			handing = nil
+			switch {
+			case r.took:
+				handedOver = true
+				stopMetrics()
+				return nil, stop()
+			case r.resume != nil:
+				stopMetrics()
+				end()
+				if ctx.Err() != nil {
+					r.resume.closeRest()
+					log.Info("cidproxy stopped")
+					return nil, nil
+				}
+				log.Warn("handover: serving again after the successor vanished")
+				return &serveAgain{keep: r.resume, cfg: p.cur}, nil
+			}
+		case err := <-runC:
+			runErr <- err
+			return nil, stop()
+		}
+	}
+}
+
+// closed reports whether c is closed (a nil c never is).
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }

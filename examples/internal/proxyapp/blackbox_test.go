@@ -54,15 +54,17 @@ func TestBinary(t *testing.T) {
 	plain := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freePort(t, "udp"))
 	quicPort := freePort(t, "udp")
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t, "tcp"))
+	pprofAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t, "tcp"))
 	cfg := fmt.Sprintf(`{
   "hrw_seed": 99,
   "metrics_listen": %q,
+  "pprof_listen": %q,
   "services": [
     {"name": "coaps", "protocol": "dtls", "listen": "%v", "workers": 2, "backends": [%s]},
     {"name": "h3", "protocol": "quic", "listen": "127.0.0.1:%d", "workers": 1, "backends_file": "quic-backends.json", "max_registry_age": "1h"},
     {"name": "plain", "protocol": "dtls", "listen": "%v", "workers": 1, "proxy_protocol": false, "backends": [{"ordinal": 0, "address": "%v"}]}
   ]
-}`, metrics, service, strings.Join(list, ", "), quicPort, plain, plainEcho)
+}`, metrics, pprofAddr, service, strings.Join(list, ", "), quicPort, plain, plainEcho)
 	cfgPath := filepath.Join(dir, "cidproxy.json")
 	require.NoError(t, os.WriteFile(cfgPath, []byte(cfg), 0o644))
 
@@ -202,7 +204,7 @@ func TestBinary(t *testing.T) {
 	})
 	require.Equal(t, float64(0), m[`cidroute_sessions{service="coaps"}`])
 
-	resp, err := http.Get("http://" + metrics + "/debug/pprof/")
+	resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/") // its own listener (pprof_listen)
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -216,7 +218,7 @@ func TestBinary(t *testing.T) {
 		t.Fatal("cidproxy did not exit within 2 s of SIGTERM")
 	}
 	l := logs.String()
-	for _, want := range []string{"cidproxy starting", "backends changed", "backend file loaded", "metrics listening", "pipeline stopped", "cidproxy stopped"} {
+	for _, want := range []string{"cidproxy starting", "backends changed", "backend file loaded", "metrics listening", "pprof listening", "pipeline stopped", "cidproxy stopped"} {
 		require.Contains(t, l, want)
 	}
 	require.Less(t, strings.Count(l, "\n"), 20, "a handful of lines, none per datagram:\n%s", l)

@@ -69,7 +69,7 @@ func TestCheckCIDKeys(t *testing.T) {
 		body string
 		want string
 	}{
-		{0o644, "", "mode 0644"},
+		{0o644, "", "is readable or writable by group or others (mode 0644); chmod 600 " + keys},
 		{0o640, "", "chmod 600"},
 		{0o600, `{"active": 1, "keys": {"1": "` + testKey1[:30] + `"}}`, "32 hex digits"},
 		{0o600, `{"active": 1, "keys": {"1": ` + testKey1 + `}}`, "not valid JSON"},
@@ -82,14 +82,15 @@ func TestCheckCIDKeys(t *testing.T) {
 		}
 		code, out, errOut := runArgs(t, "-check", "-config", conf)
 		require.Equal(t, 1, code, out)
-		require.Contains(t, errOut, `service "coaps": cid_keys_file: `)
+		require.Contains(t, errOut, conf+":")
+		require.Contains(t, errOut, `: services[0].cid_keys_file: `)
 		require.Contains(t, errOut, bad.want)
 		require.False(t, keyLeak(errOut), errOut)
 	}
 	require.NoError(t, os.Remove(keys))
 	code, _, errOut = runArgs(t, "-check", "-config", conf)
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "no such file")
+	require.Contains(t, errOut, keys+" does not exist; create it, or correct the path")
 }
 
 // TestServeEncryptedCIDs runs the proxy with an encrypted QUIC service:

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,23 +32,32 @@ var Version = "dev"
 // services' sockets with their kernel queues and SO_REUSEPORT group, the
 // upstream sockets whose ports the backends (and quic-go's paths) reply
 // to, and the metrics listener. Nothing is closed or re-bound, so nothing
-// queued is lost and no port changes. The steps:
+// queued is lost and no port changes.
 //
-//  1. new → old: hello (pid, version).
-//  2. old → new: the sockets (in messages of at most handoverFDsPerMsg
-//     descriptors) and the health checkers' down marks.
-//  3. new: builds its pipeline on them (sockets its configuration no
-//     longer uses are closed; services it adds get new ones), waits for
-//     every registry's first list, starts serving, then → old: ready.
-//  4. old: stops reading (the new one reads the same queues), sends what
-//     it had read, lets transparent sessions relay for -handover-drain,
-//     → new: done, and exits 0 with its final counters logged.
-//  5. new: attaches the XDP fast path, if configured, and listens on
-//     PATH for its own successor.
+// PATH's directory must be writable by this user only (checkHandoverDir),
+// and each side checks the other's credentials (SO_PEERCRED: this uid or
+// root), so that no other user can hand this process its sockets.
 //
-// If the new process fails before step 3 ends (a bad configuration, a
-// source that never answers), it closes the connection and exits 1; the
-// old one logs it and goes on serving.
+// The steps, with who reads the ports during each, and what each side
+// does when the other vanishes (dies, or is told to stop) there:
+//
+//	step                               reads       the old vanishes      the new vanishes
+//	1. new → old: hello                old         new starts afresh     old serves on
+//	2. old → new: sockets, down marks  old         new serves alone (a)  old serves on
+//	3. new serves; new → old: ready    old, new    new serves alone      old serves on
+//	4. old stops reading, drains;      new         new serves alone      old serves again (b)
+//	   old → new: done
+//	5. new → old: bye; old exits 0     new         -                     old serves again (b)
+//
+// (a) once its pipeline is built, without waiting for the registries'
+// first lists: nothing else reads the queues. (b) from duplicates of its
+// sockets it kept at step 4, which also keep the queues alive while no
+// process reads them. Bye is the commit: before sending it the new
+// process declines the handover if told to stop (abort), so that a
+// SIGTERM to either side leaves the other serving; after it, the new
+// process is the only one, as after any start. The old one hands its
+// sockets over even when told to stop during step 1: someone asked for
+// them.
 
 const (
 	handoverFDsPerMsg = 200 // below the kernel's SCM_MAX_FD (253)
@@ -61,12 +71,34 @@ var (
 	// handoverStepWait bounds either side's wait for the other's next
 	// message.
 	handoverStepWait = 30 * time.Second
+	// handoverResumeWait bounds the registries' wait of a process that
+	// serves again after its successor vanished: the queues fill
+	// meanwhile.
+	handoverResumeWait = time.Second
 )
+
+// handoverStep, when set (tests only), is called at each step of the
+// protocol: side is "predecessor" or "successor". A test stops a process
+// there to kill it at that exact step.
+var handoverStep func(ctx context.Context, side, step string)
+
+func hoStep(ctx context.Context, side, step string) {
+	if handoverStep != nil {
+		handoverStep(ctx, side, step)
+	}
+}
+
+// errHandoverPeer: the process at the other end of the handover socket
+// is of another user.
+var errHandoverPeer = errors.New("handover socket: the peer is another user's process")
+
+// errHandoverDir: the handover socket's directory is writable by others.
+var errHandoverDir = errors.New("handover socket: unsafe directory")
 
 // hoMsg is one message of the handover protocol, JSON; the descriptors
 // of Sockets travel with it, in order.
 type hoMsg struct {
-	Type    string     `json:"type"` // hello, sockets, ready, done, abort
+	Type    string     `json:"type"` // hello, sockets, ready, done, bye, abort
 	PID     int        `json:"pid,omitempty"`
 	Version string     `json:"version,omitempty"`
 	Sockets []hoSocket `json:"sockets,omitempty"`
@@ -84,7 +116,14 @@ type hoSocket struct {
 	Listen string `json:"listen"` // the service's listen address (listen, upstream); the address (metrics)
 }
 
-// inherited is what a new process received from its predecessor.
+// hoRecvd is one message read, or why none could be.
+type hoRecvd struct {
+	m   hoMsg
+	err error
+}
+
+// inherited is what a new process received from its predecessor, or,
+// without conn, what an old one kept of its own sockets to serve again.
 type inherited struct {
 	conn    *net.UnixConn
 	log     *slog.Logger
@@ -94,18 +133,26 @@ type inherited struct {
 	up      map[netip.AddrPort][]*net.UDPConn
 	metrics map[string]net.Listener
 	down    map[string][]registry.Backend
+
+	next chan hoRecvd  // the predecessor's message after the sockets (watch)
+	gone chan struct{} // closed when the predecessor's end has closed
+}
+
+func newInherited(c *net.UnixConn, log *slog.Logger) *inherited {
+	return &inherited{conn: c, log: log, listen: map[netip.AddrPort][]*net.UDPConn{},
+		up: map[netip.AddrPort][]*net.UDPConn{}, metrics: map[string]net.Listener{}}
 }
 
 // takeOver connects to the cidproxy at path and receives its sockets; it
-// returns nil, nil when no process is there (a first start, or a stale
-// socket file).
+// returns nil, nil when no process is there (a first start, a stale
+// socket file, or a predecessor that vanished before it sent them all:
+// its sockets closed with it).
 func takeOver(ctx context.Context, path string, log *slog.Logger) (*inherited, error) {
 	c, err := dialHandover(path)
 	if c == nil || err != nil {
 		return nil, err
 	}
-	h := &inherited{conn: c, log: log, listen: map[netip.AddrPort][]*net.UDPConn{},
-		up: map[netip.AddrPort][]*net.UDPConn{}, metrics: map[string]net.Listener{}}
+	h := newInherited(c, log)
 	fail := func(err error) (*inherited, error) {
 		h.closeRest()
 		c.Close()
@@ -114,9 +161,25 @@ func takeOver(ctx context.Context, path string, log *slog.Logger) (*inherited, e
 	if err := h.send(hoMsg{Type: "hello", PID: os.Getpid(), Version: Version}, nil); err != nil {
 		return fail(err)
 	}
+	hoStep(ctx, "successor", "hello-sent")
+	// Told to stop while it waits for the sockets: it stops; the
+	// predecessor, its sockets refused, serves on.
+	stopWaiting := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
+	defer stopWaiting()
 	n := 0
 	for {
 		m, files, err := recvHandover(c, time.Now().Add(handoverStepWait))
+		if err != nil && ctx.Err() != nil {
+			h.closeRest()
+			c.Close()
+			return nil, errDeclined
+		}
+		if errors.Is(err, errHandoverClosed) || errors.Is(err, syscall.ECONNRESET) {
+			h.closeRest()
+			c.Close()
+			log.Warn("handover: the predecessor went away before it passed its sockets; starting afresh", "path", path, "err", err)
+			return nil, nil
+		}
 		if err != nil {
 			return fail(err)
 		}
@@ -127,7 +190,7 @@ func takeOver(ctx context.Context, path string, log *slog.Logger) (*inherited, e
 		h.pid, h.version, h.down = m.PID, m.Version, m.Down
 		for i, s := range m.Sockets {
 			if err := h.add(s, files[i]); err != nil {
-				closeFiles(files[i:])
+				closeFiles(files[i+1:])
 				return fail(err)
 			}
 			n++
@@ -136,8 +199,32 @@ func takeOver(ctx context.Context, path string, log *slog.Logger) (*inherited, e
 			break
 		}
 	}
+	stopWaiting() // before watch: its read has no deadline
+	h.next, h.gone = make(chan hoRecvd, 1), make(chan struct{})
+	go h.watch()
 	log.Info("handover: taking over", "from_pid", h.pid, "from_version", h.version, "version", Version, "sockets", n)
+	hoStep(ctx, "successor", "sockets-received")
 	return h, nil
+}
+
+// watch reads the predecessor's next message (done, after ready) as soon
+// as it comes, so that its death is seen at once: the successor then
+// serves without waiting for anything more.
+func (h *inherited) watch() {
+	m, files, err := recvHandover(h.conn, time.Time{})
+	closeFiles(files)
+	if err != nil {
+		close(h.gone)
+	}
+	h.next <- hoRecvd{m, err}
+}
+
+// goneC is closed when the predecessor has gone; nil (never) without one.
+func (h *inherited) goneC() <-chan struct{} {
+	if h == nil {
+		return nil
+	}
+	return h.gone
 }
 
 // add keeps one received descriptor (and closes the file: the net value
@@ -205,11 +292,7 @@ func (h *inherited) adopt(defs []cidroute.Service, regs *proxyconfig.Registries,
 			log.Warn("handover: workers is below the sockets inherited; serving every one of them (closing one would lose its queue); restart without -handover to shrink",
 				"service", d.Name, "workers", d.Workers, "inherited", len(ls))
 		}
-		if reg, ok := regs.Registry(d.Name); ok {
-			for _, b := range h.down[d.Name] {
-				reg.SetDown(b.Ordinal, b.Addr, true)
-			}
-		}
+		inheritMarks(regs, d.Name, h.down[d.Name], log) // health.go
 	}
 	for a, cs := range h.listen {
 		log.Warn("handover: no service listens on an inherited address any more; its socket closes with the predecessor", "listen", a)
@@ -256,30 +339,70 @@ func (h *inherited) abort(err error) {
 		return
 	}
 	h.closeRest()
-	h.send(hoMsg{Type: "abort", Reason: err.Error()}, nil)
-	h.conn.Close()
+	if h.conn != nil {
+		h.send(hoMsg{Type: "abort", Reason: err.Error()}, nil)
+		h.conn.Close()
+	}
 }
 
-// ready tells the predecessor that this process serves; then it waits
-// for the predecessor to finish (done, or the connection closing).
-func (h *inherited) ready() error {
+// errDeclined: the successor was told to stop before the handover
+// completed, and told its predecessor to serve on.
+var errDeclined = errors.New("told to stop before the handover completed; the predecessor serves on")
+
+// ready runs the successor's side of steps 3 to 5, with this process
+// serving: it returns nil when this process goes on serving (the
+// predecessor has stopped, or has gone: either way no other process
+// reads the queues), or an error when the predecessor serves on and this
+// process must stop (errDeclined when ctx is done first).
+func (h *inherited) ready(ctx context.Context) error {
+	if h == nil || h.conn == nil {
+		return nil
+	}
 	h.closeRest()
+	defer h.conn.Close()
+	decline := func() error {
+		h.send(hoMsg{Type: "abort", Reason: "the successor was told to stop"}, nil)
+		return errDeclined
+	}
+	hoStep(ctx, "successor", "serving")
+	if ctx.Err() != nil {
+		return decline()
+	}
 	if err := h.send(hoMsg{Type: "ready", PID: os.Getpid(), Version: Version}, nil); err != nil {
-		return err
+		h.log.Warn("handover: the predecessor has gone before this process said ready; it serves alone", "from_pid", h.pid, "err", err)
+		return nil
 	}
-	m, files, err := recvHandover(h.conn, time.Now().Add(handoverStepWait))
-	closeFiles(files)
-	h.conn.Close()
+	hoStep(ctx, "successor", "ready-sent")
+	var r hoRecvd
+	t := time.NewTimer(handoverStepWait)
+	defer t.Stop()
+	select {
+	case r = <-h.next:
+	case <-ctx.Done():
+		return decline()
+	case <-t.C:
+		h.log.Warn("handover: no done from the predecessor; serving", "from_pid", h.pid, "wait", handoverStepWait)
+		return nil
+	}
 	switch {
-	case err == nil && m.Type == "done":
-		h.log.Info("handover: the predecessor has stopped; this process serves alone", "from_pid", h.pid)
-	case errors.Is(err, errHandoverClosed):
-		h.log.Warn("handover: the predecessor closed the connection without saying done; it has gone", "from_pid", h.pid)
-	case err == nil && m.Type == "abort":
-		return fmt.Errorf("the predecessor aborted: %s", m.Reason)
-	default:
-		h.log.Warn("handover: no done from the predecessor", "from_pid", h.pid, "err", err, "message", m.Type)
+	case r.err != nil:
+		h.log.Warn("handover: the predecessor has gone before it said done; this process serves alone", "from_pid", h.pid, "err", r.err)
+		return nil
+	case r.m.Type == "abort":
+		return fmt.Errorf("the predecessor aborted: %s", r.m.Reason)
+	case r.m.Type != "done":
+		h.log.Warn("handover: unexpected message instead of done; serving", "from_pid", h.pid, "message", r.m.Type)
+		return nil
 	}
+	hoStep(ctx, "successor", "done-received")
+	if ctx.Err() != nil {
+		return decline()
+	}
+	if err := h.send(hoMsg{Type: "bye", PID: os.Getpid()}, nil); err != nil {
+		h.log.Warn("handover: the predecessor has gone before bye; this process serves alone", "from_pid", h.pid, "err", err)
+		return nil
+	}
+	h.log.Info("handover: the predecessor has stopped; this process serves alone", "from_pid", h.pid)
 	return nil
 }
 
@@ -318,8 +441,10 @@ func unmarshalHandover(b []byte) (hoMsg, error) {
 }
 
 // waitBackends waits until every service's registry has its first list,
-// so that a successor routes from its first datagram.
-func (p *proxy) waitBackends(ctx context.Context, within time.Duration) error {
+// so that a successor routes from its first datagram; it returns nil at
+// once when gone closes (no other process reads the queues: better
+// serve now).
+func (p *proxy) waitBackends(ctx context.Context, within time.Duration, gone <-chan struct{}) error {
 	deadline := time.Now().Add(within)
 	for {
 		var missing []string
@@ -334,24 +459,127 @@ func (p *proxy) waitBackends(ctx context.Context, within time.Duration) error {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("no backends after %v for services %v", within, missing)
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-gone:
+			p.log.Warn("handover: the predecessor has gone; serving before every registry has its first list", "missing", missing)
+			return nil
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
 
+// hoResult is how the old side of a handover ended.
+type hoResult struct {
+	took   bool       // the successor serves (or will, alone): this process stops
+	resume *inherited // the successor vanished after this process stopped reading: serve again on these
+}
+
 // handOver is the old side of a handover, for one successor: it sends the
-// sockets, and once the successor serves, drains the pipeline and says
-// done. It reports whether the successor took over; if not, this process
-// goes on serving.
-func (p *proxy) handOver(ctx context.Context, c *net.UnixConn, hello hoMsg, metrics *metricsServer, drain time.Duration) bool {
+// sockets, and once the successor serves, drains the pipeline, says done
+// and waits for bye. With neither took nor resume this process goes on
+// serving. It runs off the signal loop, which goes on reloading; state
+// holds that loop's changes (reloads) out while it collects the sockets
+// and detaches the fast path.
+func (p *proxy) handOver(ctx context.Context, c *net.UnixConn, hello hoMsg, metrics *metricsServer, metricsAddr string, drain time.Duration, state *sync.Mutex) hoResult {
 	log := p.log.With("successor_pid", hello.PID, "successor_version", hello.Version)
 	log.Info("handover: a successor asks for the sockets")
 	defer c.Close()
-	files, socks, err := p.handoverConns(metrics)
+	hoStep(ctx, "predecessor", "hello-received")
+	state.Lock()
+	files, socks, err := p.handoverConns(metrics, metricsAddr)
+	down := p.downMarks()
+	state.Unlock()
 	if err != nil {
 		log.Error("handover refused: the sockets cannot be passed", "err", err)
 		sendHandover(c, hoMsg{Type: "abort", Reason: err.Error()}, nil, time.Now().Add(time.Second))
-		return false
+		return hoResult{}
 	}
+	for i := 0; i == 0 || i < len(files); i += handoverFDsPerMsg {
+		j := min(i+handoverFDsPerMsg, len(files))
+		m := hoMsg{Type: "sockets", PID: os.Getpid(), Version: Version, Sockets: socks[i:j], More: j < len(files), Down: down}
+		if err := sendHandover(c, m, files[i:j], time.Now().Add(handoverStepWait)); err != nil {
+			log.Error("handover aborted: sending the sockets", "err", err)
+			return hoResult{}
+		}
+	}
+	hoStep(ctx, "predecessor", "sockets-sent")
+	got := make(chan hoRecvd, 1)
+	go func() {
+		m, fs, err := recvHandover(c, time.Now().Add(handoverStepWait))
+		closeFiles(fs)
+		got <- hoRecvd{m, err}
+	}()
+	var r hoRecvd
+	select {
+	case r = <-got:
+	case <-ctx.Done(): // told to stop: the successor, seeing this end close, serves alone
+		c.Close()
+		<-got
+		log.Warn("handover: this process was told to stop; the successor serves alone")
+		return hoResult{took: true}
+	}
+	switch {
+	case r.err != nil:
+		log.Error("handover aborted: the successor went away before it served; this process goes on", "err", r.err)
+		return hoResult{}
+	case r.m.Type == "abort":
+		log.Error("handover aborted by the successor; this process goes on", "reason", r.m.Reason)
+		return hoResult{}
+	case r.m.Type != "ready":
+		log.Error("handover aborted: unexpected message; this process goes on", "message", r.m.Type)
+		return hoResult{}
+	}
+	hoStep(ctx, "predecessor", "ready-received")
+	// Copies of the sockets, to serve again should the successor vanish
+	// before bye; they also keep the queues while nobody reads them.
+	keep, err := p.keepSockets(files, socks, down)
+	if err != nil {
+		log.Error("handover aborted: the sockets cannot be kept; this process goes on", "err", err)
+		sendHandover(c, hoMsg{Type: "abort", Reason: err.Error()}, nil, time.Now().Add(time.Second))
+		return hoResult{}
+	}
+	log.Info("handover: the successor serves; draining", "transparent_drain", drain)
+	p.stopping.Store(true)
+	state.Lock()
+	p.closeXDP() // the sockets get everything until the successor attaches its own
+	state.Unlock()
+	dctx, cancel := context.WithTimeout(context.Background(), drain)
+	err = p.pipe.Drain(dctx)
+	cancel()
+	if err != nil {
+		log.Error("handover: the pipeline stopped with an error", "err", err)
+	}
+	hoStep(ctx, "predecessor", "drained")
+	if err := sendHandover(c, hoMsg{Type: "done", PID: os.Getpid()}, nil, time.Now().Add(time.Second)); err != nil {
+		log.Error("handover: the successor vanished before done; this process serves again", "err", err)
+		return hoResult{resume: keep}
+	}
+	hoStep(ctx, "predecessor", "done-sent")
+	// Told to stop meanwhile, it waits no longer: the successor, still
+	// connected, serves.
+	stopWaiting := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
+	m, fs, err := recvHandover(c, time.Now().Add(handoverStepWait))
+	stopWaiting()
+	closeFiles(fs)
+	switch {
+	case err == nil && m.Type == "bye":
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// Alive but silent (or this process told to stop): it holds the
+		// sockets and serves; two readers would be harmless, but a
+		// process that never stops is not.
+		log.Warn("handover: no bye from the successor, which is still connected; stopping", "told_to_stop", ctx.Err() != nil)
+	default:
+		log.Error("handover: the successor vanished before bye; this process serves again", "err", err, "message", m.Type, "reason", m.Reason)
+		return hoResult{resume: keep}
+	}
+	keep.closeRest()
+	log.Info("handover done: this process stops")
+	return hoResult{took: true}
+}
+
+// downMarks are the backends the health checkers have marked down, by
+// service.
+func (p *proxy) downMarks() map[string][]registry.Backend {
 	down := map[string][]registry.Backend{}
 	for _, name := range p.serviceNames() {
 		if reg, ok := p.regs.Registry(name); ok {
@@ -363,65 +591,31 @@ func (p *proxy) handOver(ctx context.Context, c *net.UnixConn, hello hoMsg, metr
 			}
 		}
 	}
-	for i := 0; i == 0 || i < len(files); i += handoverFDsPerMsg {
-		j := min(i+handoverFDsPerMsg, len(files))
-		m := hoMsg{Type: "sockets", PID: os.Getpid(), Version: Version, Sockets: socks[i:j], More: j < len(files), Down: down}
-		if err := sendHandover(c, m, files[i:j], time.Now().Add(handoverStepWait)); err != nil {
-			log.Error("handover aborted: sending the sockets", "err", err)
-			return false
+	return down
+}
+
+// keepSockets duplicates the sockets passed, as an inheritance without a
+// predecessor, from which this process can serve again.
+func (p *proxy) keepSockets(conns []syscall.Conn, socks []hoSocket, down map[string][]registry.Backend) (*inherited, error) {
+	h := newInherited(nil, p.log)
+	h.down = down
+	for i, c := range conns {
+		f, err := dupFile(c)
+		if err == nil {
+			err = h.add(socks[i], f)
+		}
+		if err != nil {
+			h.closeRest()
+			return nil, err
 		}
 	}
-	type recvd struct {
-		m   hoMsg
-		err error
-	}
-	got := make(chan recvd, 1)
-	go func() {
-		m, fs, err := recvHandover(c, time.Now().Add(handoverStepWait))
-		closeFiles(fs)
-		got <- recvd{m, err}
-	}()
-	var r recvd
-	select {
-	case r = <-got:
-	case <-ctx.Done(): // a stop signal: stop, as if no successor had come
-		c.Close()
-		<-got
-		log.Warn("handover aborted: this process was told to stop")
-		return false
-	}
-	m, err := r.m, r.err
-	switch {
-	case err != nil:
-		log.Error("handover aborted: the successor went away before it served; this process goes on", "err", err)
-		return false
-	case m.Type == "abort":
-		log.Error("handover aborted by the successor; this process goes on", "reason", m.Reason)
-		return false
-	case m.Type != "ready":
-		log.Error("handover aborted: unexpected message; this process goes on", "message", m.Type)
-		return false
-	}
-	log.Info("handover: the successor serves; draining", "transparent_drain", drain)
-	p.stopping.Store(true)
-	p.closeXDP() // the sockets get everything until the successor attaches its own
-	ctx, cancel := context.WithTimeout(context.Background(), drain)
-	err = p.pipe.Drain(ctx)
-	cancel()
-	if err != nil {
-		log.Error("handover: the pipeline stopped with an error", "err", err)
-	}
-	if err := sendHandover(c, hoMsg{Type: "done", PID: os.Getpid()}, nil, time.Now().Add(time.Second)); err != nil {
-		log.Warn("handover: telling the successor done", "err", err)
-	}
-	log.Info("handover done: this process stops")
-	return true
+	return h, nil
 }
 
 // handoverConns lists every socket to pass to the successor. The
 // descriptors go as they are (sendHandover): not through File, whose Fd
 // would make the shared socket blocking under this process's readers.
-func (p *proxy) handoverConns(metrics *metricsServer) ([]syscall.Conn, []hoSocket, error) {
+func (p *proxy) handoverConns(metrics *metricsServer, metricsAddr string) ([]syscall.Conn, []hoSocket, error) {
 	var conns []syscall.Conn
 	var socks []hoSocket
 	for _, name := range p.serviceNames() {
@@ -442,7 +636,7 @@ func (p *proxy) handoverConns(metrics *metricsServer) ([]syscall.Conn, []hoSocke
 			return nil, nil, fmt.Errorf("metrics listener %T", metrics.ln)
 		}
 		conns = append(conns, tl)
-		socks = append(socks, hoSocket{Role: "metrics", Listen: p.cur.MetricsListen})
+		socks = append(socks, hoSocket{Role: "metrics", Listen: metricsAddr})
 	}
 	return conns, socks, nil
 }

@@ -5,6 +5,8 @@ package proxyapp
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,7 +20,8 @@ import (
 // descriptors stay attached to theirs.
 
 // dialHandover connects to the handover socket at path; nil, nil when no
-// process listens there.
+// process listens there. The listening process must be of this user or
+// root (SO_PEERCRED): another user's would hand this one its sockets.
 func dialHandover(path string) (*net.UnixConn, error) {
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
@@ -27,7 +30,34 @@ func dialHandover(path string) (*net.UnixConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("handover socket: %w", err)
 	}
+	if err := checkPeer(c); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
 	return c, nil
+}
+
+// checkHandoverDir refuses a handover socket path whose directory another
+// user could write: there, anyone could put a socket of their own at
+// path before this process, or between two of its starts.
+func checkHandoverDir(path string) error {
+	dir, err := filepath.EvalSymlinks(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("%w: %v", errHandoverDir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return fmt.Errorf("%w: %s: %v", errHandoverDir, dir, err)
+	}
+	if uid := uint32(os.Geteuid()); st.Uid != uid && st.Uid != 0 {
+		return fmt.Errorf("%w: %s belongs to uid %d, not to this user (uid %d) or root; use a directory only this user can write (e.g. systemd's RuntimeDirectory=)",
+			errHandoverDir, dir, st.Uid, uid)
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Errorf("%w: %s is writable by group or others (mode %#o); use a directory only this user can write (chmod go-w, or systemd's RuntimeDirectory=)",
+			errHandoverDir, dir, st.Mode&0o7777)
+	}
+	return nil
 }
 
 // A handoverListener is where a running cidproxy waits for its successor.
@@ -35,12 +65,13 @@ type handoverListener struct {
 	ln   *net.UnixListener
 	path string
 	ino  uint64 // of the socket file this listener created
+	log  *slog.Logger
 }
 
 // listenHandover binds path (mode 0600), replacing whatever file is there
 // by a rename, so that a successor's socket replaces its predecessor's
 // atomically.
-func listenHandover(path string) (*handoverListener, error) {
+func listenHandover(path string, log *slog.Logger) (*handoverListener, error) {
 	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".%s.%d", filepath.Base(path), os.Getpid()))
 	os.Remove(tmp)
 	old := unix.Umask(0o077) // the socket file is born 0600
@@ -61,10 +92,10 @@ func listenHandover(path string) (*handoverListener, error) {
 		os.Remove(tmp)
 		return nil, fmt.Errorf("handover socket: %w", err)
 	}
-	return &handoverListener{ln: ln, path: path, ino: st.Ino}, nil
+	return &handoverListener{ln: ln, path: path, ino: st.Ino, log: log}, nil
 }
 
-// accept waits for a successor of this process's own user.
+// accept waits for a successor of this process's user or root.
 func (l *handoverListener) accept() (*net.UnixConn, error) {
 	for {
 		c, err := l.ln.AcceptUnix()
@@ -72,6 +103,7 @@ func (l *handoverListener) accept() (*net.UnixConn, error) {
 			return nil, err
 		}
 		if err := checkPeer(c); err != nil {
+			l.log.Warn("handover socket: connection refused", "err", err)
 			c.Close()
 			continue
 		}
@@ -79,8 +111,10 @@ func (l *handoverListener) accept() (*net.UnixConn, error) {
 	}
 }
 
-// checkPeer refuses a process of another user: the file's mode already
-// does, this is for a file whose mode was changed.
+// checkPeer refuses a peer of another user than this one or root. Each
+// side checks the other: the successor, that the sockets come from a
+// process it may trust; the predecessor, that they go to one (the
+// socket file's mode already says so, unless it was changed).
 func checkPeer(c *net.UnixConn) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -94,16 +128,38 @@ func checkPeer(c *net.UnixConn) error {
 	if cerr != nil {
 		return cerr
 	}
-	if int(cred.Uid) != os.Getuid() {
-		return fmt.Errorf("handover socket: peer of uid %d", cred.Uid)
+	if uid := uint32(os.Geteuid()); cred.Uid != uid && cred.Uid != 0 {
+		return fmt.Errorf("%w: pid %d of uid %d (this process: uid %d)", errHandoverPeer, cred.Pid, cred.Uid, uid)
 	}
 	return nil
 }
 
+// dupFile duplicates c's descriptor (close-on-exec), without the
+// blocking mode that File would set on the shared socket.
+func dupFile(c syscall.Conn) (*os.File, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd, derr := -1, error(nil)
+	if err := rc.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("dup: %w", derr)
+	}
+	return os.NewFile(uintptr(fd), "kept"), nil
+}
+
 // close stops listening, and removes the socket file if it is still this
-// listener's (no successor has put its own there).
-func (l *handoverListener) close() {
+// listener's (no successor has put its own there). After a handover it
+// leaves the file: the successor renames its own over it at any moment,
+// and would lose it between the check and the removal.
+func (l *handoverListener) close(handedOver bool) {
 	l.ln.Close()
+	if handedOver {
+		return
+	}
 	var st unix.Stat_t
 	if unix.Stat(l.path, &st) == nil && st.Ino == l.ino {
 		os.Remove(l.path)
@@ -155,6 +211,9 @@ func recvHandover(c *net.UnixConn, deadline time.Time) (hoMsg, []*os.File, error
 	oob := make([]byte, unix.CmsgSpace(handoverFDsPerMsg*4))
 	c.SetReadDeadline(deadline)
 	n, oobn, flags, _, err := c.ReadMsgUnix(b, oob)
+	if errors.Is(err, io.EOF) {
+		return hoMsg{}, nil, errHandoverClosed
+	}
 	if err != nil {
 		return hoMsg{}, nil, fmt.Errorf("handover: receiving: %w", err)
 	}

@@ -4,6 +4,7 @@ package proxyapp
 
 import (
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"syscall"
@@ -16,11 +17,17 @@ func dialHandover(path string) (*net.UnixConn, error) { return nil, errNoHandove
 
 type handoverListener struct{}
 
-func listenHandover(path string) (*handoverListener, error) { return nil, errNoHandover }
+func listenHandover(path string, log *slog.Logger) (*handoverListener, error) {
+	return nil, errNoHandover
+}
+
+func checkHandoverDir(path string) error { return errNoHandover }
+
+func dupFile(c syscall.Conn) (*os.File, error) { return nil, errNoHandover }
 
 func (l *handoverListener) accept() (*net.UnixConn, error) { return nil, errNoHandover }
 
-func (l *handoverListener) close() {}
+func (l *handoverListener) close(handedOver bool) {}
 
 func sendHandover(c *net.UnixConn, m hoMsg, conns []syscall.Conn, deadline time.Time) error {
 	return errNoHandover

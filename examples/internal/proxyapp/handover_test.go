@@ -326,3 +326,68 @@ func TestReloadInProcess(t *testing.T) {
 	m := e.scrape(t)
 	assert.Zero(t, m[`cidroute_datagrams_total{direction="forward",outcome="dropped",path="socket",reason="rate_limited",service="svc"}`])
 }
+
+// TestHandoverStalledPeer: a successor of the same user that takes the
+// sockets and then says nothing (stalled, or hostile) does not hold
+// SIGHUP back: the handover waits off the signal loop. When it goes
+// away, the process serves on.
+func TestHandoverStalledPeer(t *testing.T) {
+	e := newHoEnv(t)
+	hup := make(chan os.Signal, 1)
+	r := e.start(t, Options{hup: hup}, "-handover", e.sock)
+	r.wait(t, "handover socket listening")
+
+	c, err := dialHandover(e.sock)
+	require.NoError(t, err)
+	require.NotNil(t, c)
+	defer c.Close()
+	require.NoError(t, sendHandover(c, hoMsg{Type: "hello", PID: 1, Version: "stalled"}, nil, time.Now().Add(time.Second)))
+	m, files, err := recvHandover(c, time.Now().Add(5*time.Second))
+	require.NoError(t, err)
+	closeFiles(files)
+	require.Equal(t, "sockets", m.Type)
+
+	// Now stalled. A reload goes through at once.
+	e.write(t, `, "limits": {"per_source_pps": 100000}`)
+	start := time.Now()
+	hup <- os.Interrupt
+	waitFor(t, 2*time.Second, "the reload, while a successor stalls", func() bool {
+		return e.scrape(t)[`cidroute_config_reloads_total{result="applied"}`] == 1
+	})
+	t.Logf("reload applied %v after SIGHUP, a successor stalled", time.Since(start).Round(time.Millisecond))
+
+	c.Close()
+	r.wait(t, "the successor went away before it served")
+	s := stream(t, e.svc, 100, 1000)
+	<-s.done
+	waitFor(t, 5*time.Second, "echoes", func() bool { return s.echoes.Load() == 100 })
+}
+
+// TestHandoverDirRefused: a handover socket in a directory another user
+// could write is refused at start, with the reason.
+func TestHandoverDirRefused(t *testing.T) {
+	for _, mode := range []os.FileMode{0o777, 0o1777, 0o770} {
+		t.Run(fmt.Sprintf("%#o", mode), func(t *testing.T) {
+			e := newHoEnv(t)
+			dir := filepath.Join(e.dir, "run")
+			require.NoError(t, os.Mkdir(dir, 0o700))
+			require.NoError(t, os.Chmod(dir, mode))
+			r := e.start(t, Options{}, "-handover", filepath.Join(dir, "handover.sock"))
+			require.Equal(t, 1, r.exited(t), "refused")
+			assert.Contains(t, r.logs.String(), "is writable by group or others")
+			assert.NotContains(t, r.logs.String(), "service started")
+		})
+	}
+	t.Run("another user's", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root, to give the directory to another user")
+		}
+		e := newHoEnv(t)
+		dir := filepath.Join(e.dir, "run")
+		require.NoError(t, os.Mkdir(dir, 0o700))
+		require.NoError(t, os.Chown(dir, 65534, 65534))
+		r := e.start(t, Options{}, "-handover", filepath.Join(dir, "handover.sock"))
+		require.Equal(t, 1, r.exited(t), "refused")
+		assert.Contains(t, r.logs.String(), "belongs to uid 65534")
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/health"
+	"github.com/cidroute/cidroute/proxyconfig"
+	"github.com/cidroute/cidroute/registry"
 )
 
 // probeFlags are -probe-dtls and -probe-quic: one health probe, as the
@@ -56,12 +59,16 @@ func (f *probeFlags) run(ctx context.Context, fs *flag.FlagSet, stdout, stderr i
 	}
 	pctx, cancel := context.WithTimeout(ctx, *f.timeout)
 	defer cancel()
-	rtt, err := health.Probe(pctx, addr, cfg)
+	rtt, m, err := health.ProbeAnswer(pctx, addr, cfg)
 	if err != nil {
 		fmt.Fprintf(stdout, "%v %v: %v (%v)\n", cfg.Protocol, addr, health.ResultOf(err), err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "%v %v: ok in %v\n", cfg.Protocol, addr, rtt.Round(time.Microsecond))
+	untied := ""
+	if m == health.Untied {
+		untied = " (untied: the answer echoes nothing of the probe, so the checker cannot tell it from a forged one)"
+	}
+	fmt.Fprintf(stdout, "%v %v: ok in %v%s\n", cfg.Protocol, addr, rtt.Round(time.Microsecond), untied)
 	return 0
 }
 
@@ -113,4 +120,20 @@ func (p *proxy) livez(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	fmt.Fprintln(w, "ok")
+}
+
+// inheritMarks hands a predecessor's down marks (restart handover) to the
+// service's health checker, which keeps them until its own probes speak.
+// A service without health_check takes none: nothing would ever lift
+// them.
+func inheritMarks(regs *proxyconfig.Registries, service string, down []registry.Backend, log *slog.Logger) {
+	if len(down) == 0 {
+		return
+	}
+	if c, ok := regs.Checker(service); ok {
+		c.Inherit(down)
+		return
+	}
+	log.Info("handover: the predecessor's down marks are dropped: this service has no health_check",
+		"service", service, "marked_down", len(down))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/proxyconfig"
+	"github.com/cidroute/cidroute/registry"
 )
 
 func getBody(t *testing.T, url string) (int, string) {
@@ -139,4 +141,48 @@ func TestProbeFlags(t *testing.T) {
 		code, _, errOut := runArgs(t, args...)
 		assert.Equal(t, 2, code, "%q: %s", args, errOut)
 	}
+}
+
+// Issue 35: a handover carries the predecessor's down marks to the
+// successor's health checker only. A service the successor runs without
+// health_check gets none (before the fix it got them and nothing ever
+// lifted them: /readyz 503, every new session no_ready_backend); one with
+// health_check starts with them and its own probes lift them.
+func TestHandoverMarksNeedAChecker(t *testing.T) {
+	be, err := dtlsecho.Listen(dtlsecho.Config{PSK: []byte("k"), TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer be.Close()
+	cfg, err := proxyconfig.Parse(strings.NewReader(fmt.Sprintf(`{"services": [
+		{"name": "plain", "protocol": "dtls", "listen": "127.0.0.1:%d", "backends": [{"ordinal": 0, "address": "%v"}]},
+		{"name": "hc", "protocol": "dtls", "listen": "127.0.0.1:%d", "backends": [{"ordinal": 0, "address": "%v"}],
+		 "health_check": {"interval": "100ms", "timeout": "50ms", "rise": 2}}]}`,
+		freePort(t, "udp"), be.Addr(), freePort(t, "udp"), be.Addr())))
+	require.NoError(t, err)
+	var logs syncBuffer
+	log := newLogger(&logs, slog.LevelInfo, errWindow)
+	regs, err := cfg.Build(proxyconfig.Options{Logger: log})
+	require.NoError(t, err)
+	defer regs.Close()
+	marked := []registry.Backend{{Ordinal: 0, Addr: be.Addr()}}
+	h := &inherited{down: map[string][]registry.Backend{"plain": marked, "hc": marked}, listen: map[netip.AddrPort][]*net.UDPConn{}}
+	for _, d := range regs.Services() {
+		h.listen[d.Listen] = nil // as if inherited: no sockets needed here
+	}
+	h.adopt(regs.Services(), regs, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); regs.Run(ctx) }()
+	defer func() { cancel(); <-ran }()
+
+	plain, _ := regs.Registry("plain")
+	hc, _ := regs.Registry("hc")
+	waitFor(t, 5*time.Second, "the checker's first round", func() bool {
+		c, _ := regs.Checker("hc")
+		return len(c.Stats().Backends) == 1
+	})
+	assert.False(t, plain.Snapshot().Down(0), "no checker: no mark")
+	assert.Equal(t, 1, plain.Stats().Ready)
+	assert.Contains(t, logs.String(), "down marks are dropped: this service has no health_check")
+	waitFor(t, 5*time.Second, "the checker lifts the mark it inherited", func() bool { return !hc.Snapshot().Down(0) })
 }

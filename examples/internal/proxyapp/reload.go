@@ -119,20 +119,20 @@ func (p *proxy) addService(sc proxyconfig.Service, o proxyconfig.Options) error 
 	return nil
 }
 
-// loadConfig reads and validates the configuration file as a start does.
+// loadConfig reads and validates the configuration file as a start does:
+// -check, a start and a reload read it here, so that they refuse the same
+// mistakes with the same message.
 func loadConfig(ctx context.Context, path string, opts Options) (*proxyconfig.Config, error) {
 	cfg, err := proxyconfig.Load(ctx, path)
 	if err != nil {
 		return nil, err
 	}
-	if opts.Kubernetes == nil {
-		for _, s := range cfg.Services {
-			if s.Kubernetes != nil {
-				return nil, fmt.Errorf("service %q: %w", s.Name, errNoKubernetes)
-			}
-		}
-	}
 	if err := cfg.Validate(proxyconfig.Options{Kubernetes: opts.Kubernetes}); err != nil {
+		var ce *proxyconfig.Error
+		if errors.Is(err, proxyconfig.ErrNoKubernetes) && errors.As(err, &ce) {
+			ce.Problem = "this build of cidproxy has no Kubernetes source"
+			ce.Fix = `run the Kubernetes build (examples/kubernetes/cidproxy), or list the backends with "backends" or "backends_file"`
+		}
 		return nil, err
 	}
 	return cfg, nil
