@@ -25,6 +25,12 @@ type cidrouteMac struct {
 	Pad uint16
 }
 
+type cidrouteNetKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ip        [16]uint8
+}
+
 type cidrouteScratch struct {
 	_   structs.HostLayout
 	Key [264]uint8
@@ -84,6 +90,7 @@ type cidrouteSvcKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	cidrouteMapCounters    = "counters"
+	cidrouteMapLocalNets   = "local_nets"
 	cidrouteMapLocals      = "locals"
 	cidrouteMapMacs        = "macs"
 	cidrouteMapScratch     = "scratch"
@@ -146,6 +153,7 @@ type cidrouteProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type cidrouteMapSpecs struct {
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
+	LocalNets   *ebpf.MapSpec `ebpf:"local_nets"`
 	Locals      *ebpf.MapSpec `ebpf:"locals"`
 	Macs        *ebpf.MapSpec `ebpf:"macs"`
 	Scratch     *ebpf.MapSpec `ebpf:"scratch"`
@@ -184,6 +192,7 @@ func (o *cidrouteObjects) Close() error {
 // It can be passed to loadCidrouteObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cidrouteMaps struct {
 	Counters    *ebpf.Map `ebpf:"counters"`
+	LocalNets   *ebpf.Map `ebpf:"local_nets"`
 	Locals      *ebpf.Map `ebpf:"locals"`
 	Macs        *ebpf.Map `ebpf:"macs"`
 	Scratch     *ebpf.Map `ebpf:"scratch"`
@@ -198,6 +207,7 @@ type cidrouteMaps struct {
 func (m *cidrouteMaps) Close() error {
 	return _CidrouteClose(
 		m.Counters,
+		m.LocalNets,
 		m.Locals,
 		m.Macs,
 		m.Scratch,

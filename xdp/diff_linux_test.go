@@ -67,8 +67,13 @@ type diffEnv struct {
 	nextHop  map[netip.Addr]net.HardwareAddr
 	// own is the pipeline's own-address set in the namespace: every
 	// service and upstream socket, the host's addresses for the wildcard
-	// ones (cidroute.LocalAddrs), as Pipeline.OwnAddrs keeps it.
+	// ones (cidroute.LocalAddrs) and local routes (cidroute.LocalNets),
+	// as Pipeline.OwnAddrs keeps it.
 	own *cidroute.OwnAddrs
+	// ifaddrs are the interfaces' addresses and nets the local routes:
+	// sources the kernel refuses from the wire (kernelRefuses).
+	ifaddrs map[netip.Addr]bool
+	nets    []netip.Prefix
 }
 
 func mustRegistry(t testing.TB, seed uint64, bs []registry.Backend) *registry.Registry {
@@ -129,14 +134,20 @@ func newDiffEnv(t testing.TB) *diffEnv {
 		{Ordinal: 5, Addr: ap("[2001:db8::1]:7001")}, // wild6's port
 		{Ordinal: 6, Addr: ap("192.0.2.50:4000")},    // elsewhere
 		{Ordinal: 8, Addr: ap("192.0.2.60:7000")},    // wild4's port, on an address the host gains later
+		{Ordinal: 9, Addr: ap("127.0.0.1:4000")},     // loopback: its replies never come from the wire
+		{Ordinal: 10, Addr: ap("10.77.0.9:4000")},    // in the local route TestMartiansAsTheKernel adds
 	}
 	i := 0
 	for _, bs := range [][]registry.Backend{r1, r2, r3, r4} {
 		for _, b := range bs {
 			mac := backendMAC(i)
 			i++
-			if b.Addr.Addr() == proxy4 || b.Addr.Addr() == proxy6 {
+			if b.Addr.Addr() == proxy4 || b.Addr.Addr() == proxy6 || b.Addr.Addr().IsLoopback() {
 				continue // local: no neighbour
+			}
+			if !onLink(b.Addr.Addr()) {
+				e.nextHop[b.Addr.Addr()] = gwMAC
+				continue
 			}
 			e.nextHop[b.Addr.Addr()] = mac
 			ns.ip(t, "neigh add "+b.Addr.Addr().String()+" lladdr "+mac.String()+" dev xd0 nud permanent")
@@ -186,6 +197,10 @@ func newDiffEnv(t testing.TB) *diffEnv {
 		svc("wild6", cidroute.DTLS, dtls.OrdinalFirst{}, "[::]:7001", "", reg2),
 		svc("vip", cidroute.DTLS, dtls.OrdinalFirst{}, "192.0.2.1:7002", "198.51.100.80:5684", reg1),
 		svc("ownbe", cidroute.DTLS, dtls.OrdinalFirst{}, "192.0.2.1:7003", "198.51.100.81:5684", reg4),
+		// Services on loopback (last: the fuzz corpus picks services by
+		// index modulo their number, and most seeds pick the first ones).
+		svc("lo4", cidroute.DTLS, dtls.OrdinalFirst{}, "127.0.0.1:7100", "", reg1),
+		svc("lo6", cidroute.DTLS, dtls.OrdinalFirst{}, "[::1]:7101", "", reg2),
 	}
 	ns.do(t, func() {
 		p, err := Load(Options{})
@@ -223,6 +238,20 @@ func (e *diffEnv) refreshOwn(t testing.TB, extra ...Service) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		nets, err := cidroute.LocalNets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ifas, err := net.InterfaceAddrs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.ifaddrs, e.nets = map[netip.Addr]bool{}, nets
+		for _, a := range ifas {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				e.ifaddrs[p.Addr().Unmap()] = true
+			}
+		}
 		var bound []netip.AddrPort
 		for _, s := range e.services {
 			bound = append(append(bound, s.Listen), s.Upstreams...)
@@ -230,7 +259,7 @@ func (e *diffEnv) refreshOwn(t testing.TB, extra ...Service) {
 		for _, s := range extra {
 			bound = append(append(bound, s.Listen), s.Upstreams...)
 		}
-		e.own = cidroute.NewOwnAddrs(bound, host)
+		e.own = cidroute.NewOwnAddrs(bound, host, nets...)
 	})
 }
 
@@ -280,6 +309,10 @@ type outcome struct {
 	// mayPass names the row of the README's table under which the program
 	// hands this datagram up; "" when it must decide it.
 	mayPass string
+	// mustPass says why the kernel would drop the frame (or refuse to
+	// send what the rule forwards): the program must hand it up, where
+	// the stack drops it as on the socket path.
+	mustPass string
 }
 
 // forward runs client → service through the Go Router and the program,
@@ -290,6 +323,7 @@ func (e *diffEnv) forward(t testing.TB, s *diffService, client netip.AddrPort, d
 	frame := udpFrame(peerMAC, proxyMAC, client, netip.AddrPortFrom(dst, s.Listen.Port()), payload, frameOpts{ttl: 57, id: 0x1234})
 	want := e.goForward(s, client, dst, payload)
 	want.mayPass = e.forwardMayPass(s, client, dst, payload, want)
+	want.mustPass = e.kernelRefuses(client.Addr(), dst)
 	return e.compare(t, s, 0, frame, want, fmt.Sprintf("forward %s %v→%v %x", s.Name, client, dst, payload))
 }
 
@@ -314,13 +348,28 @@ func (e *diffEnv) goForward(s *diffService, client netip.AddrPort, dst netip.Add
 	return outcome{verdict: xdpTX, backend: d.Backend, frame: udpFrame(proxyMAC, e.nextHop[d.Backend.Addr()], up, d.Backend, append(hdr, payload...), sentOpts)}
 }
 
+// frameSrc is the IP source of a transmitted frame, or the zero Addr.
+func (o outcome) frameSrc() netip.Addr {
+	switch {
+	case o.verdict != xdpTX || len(o.frame) < 14+20:
+		return netip.Addr{}
+	case o.frame[12] == 0x08:
+		return netip.AddrFrom4([4]byte(o.frame[14+12 : 14+16]))
+	case len(o.frame) < 14+40:
+		return netip.Addr{}
+	}
+	return netip.AddrFrom16([16]byte(o.frame[14+8 : 14+24]))
+}
+
 // compare runs frame through the program and checks it against want.
 func (e *diffEnv) compare(t testing.TB, s *diffService, dir uint32, frame []byte, want outcome, what string) uint32 {
 	t.Helper()
 	before := e.counter(t, s.id, dir, uint32(want.reason))
 	got, out := e.run(t, frame)
 	switch {
-	case got == xdpPass && want.mayPass == "":
+	case want.mustPass != "" && got != xdpPass:
+		t.Fatalf("%s: verdict %d where the kernel refuses it (%s): the program must hand it up", what, got, want.mustPass)
+	case got == xdpPass && want.mayPass == "" && want.mustPass == "":
 		t.Fatalf("%s: handed up, where the README's table says the program decides (the Go rule: %v)", what, want.reason)
 	case got == xdpPass:
 		// Only a different path: the pipeline decides.
@@ -367,7 +416,14 @@ func (e *diffEnv) reverse(t testing.TB, s *diffService, from netip.AddrPort, dst
 		}
 		want = outcome{verdict: xdpTX, frame: udpFrame(proxyMAC, hop, netip.AddrPortFrom(src, s.Listen.Port()), rep.Client, rep.Payload, sentOpts)}
 	}
-	want.mayPass = e.reverseMayPass(s, b, rep)
+	want.mustPass = e.kernelRefuses(from.Addr(), dst)
+	if src := want.frameSrc(); src.IsLoopback() && !rep.Client.Addr().IsLoopback() {
+		want.mustPass = "from loopback to a client elsewhere (the service socket's send fails)"
+	}
+	want.mayPass = e.addrRow(from.Addr(), dst)
+	if want.mayPass == "" {
+		want.mayPass = e.reverseMayPass(s, b, rep)
+	}
 	return e.compare(t, s, 1, frame, want, fmt.Sprintf("reverse %s %v→%v %x", s.Name, from, dst, b))
 }
 

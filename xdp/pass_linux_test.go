@@ -30,10 +30,8 @@ func (e *diffEnv) forwardMayPass(s *diffService, client netip.AddrPort, dst neti
 		return "a payload over 4607 bytes"
 	case client.Addr().Is4() != dst.Is4():
 		return "IPv4-mapped addresses on IPv6"
-	case !plainUnicast(client.Addr()):
-		return "a source the kernel would refuse"
-	case e.own.IsHost(client.Addr()):
-		return "a source the kernel would refuse (one of this host's addresses)"
+	case e.addrRow(client.Addr(), dst) != "":
+		return e.addrRow(client.Addr(), dst)
 	case s.Listen.Addr().IsUnspecified() && !e.own.IsHost(dst):
 		return "a wildcard service's port at an address not this host's"
 	}
@@ -64,6 +62,52 @@ func (e *diffEnv) forwardMayPass(s *diffService, client netip.AddrPort, dst neti
 	}
 	if ipHdr+8+hdr+len(payload) > egressMTU {
 		return "larger than the egress MTU"
+	}
+	return ""
+}
+
+// kernelRefuses says why the kernel drops a datagram src → dst that
+// arrives on the namespace's interface (not loopback) before any socket,
+// with rp_filter 0, 1 or 2 and accept_local and route_localnet off (the
+// defaults), or "". TestMartiansAsTheKernel checks it against the kernel.
+func (e *diffEnv) kernelRefuses(src, dst netip.Addr) string {
+	src, dst = src.Unmap(), dst.Unmap()
+	if src.Is4() {
+		switch a := src.As4(); {
+		case src.IsUnspecified(), a[0] == 127, src.IsMulticast(), a == [4]byte{255, 255, 255, 255}:
+			return "a martian source (ip_route_input_slow)"
+		case dst.IsUnspecified(), dst.IsLoopback():
+			return "a martian destination (ip_route_input_slow)"
+		case e.ifaddrs[src]:
+			return "a source that is one of the host's interface addresses (fib_validate_source)"
+		case slices.ContainsFunc(e.nets, func(n netip.Prefix) bool { return n.Contains(src) }):
+			return "a source in a local route (fib_validate_source)"
+		}
+		return ""
+	}
+	switch {
+	case src.IsLoopback() || src.IsMulticast() || dst.IsLoopback():
+		return "a loopback or multicast source or a loopback destination (ip6_rcv_core)"
+	case dst.IsUnspecified():
+		return "an unspecified destination (no local route: not delivered)"
+	}
+	return ""
+}
+
+// addrRow is the row under which the program hands a frame src → dst up
+// for its addresses, or "": all the kernel refuses, and more (a host
+// address as the source, which IPv6 accepts; an unspecified
+// destination).
+func (e *diffEnv) addrRow(src, dst netip.Addr) string {
+	switch {
+	case e.kernelRefuses(src, dst) != "":
+		return e.kernelRefuses(src, dst)
+	case !plainUnicast(src):
+		return "a source the kernel would refuse"
+	case e.own.IsHost(src):
+		return "a source that is one of this host's addresses"
+	case dst.Unmap().IsLoopback(), dst.Unmap().IsUnspecified():
+		return "a loopback or unspecified destination"
 	}
 	return ""
 }

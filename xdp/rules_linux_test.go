@@ -361,6 +361,7 @@ func TestReverseAgreesWithReplyRule(t *testing.T) {
 		{name: "measured", s: w4, from: ap("192.0.2.10:4000"), b: hdr(netip.AddrPortFrom(proxy4, 7000), client)},
 		{name: "measured not ours", s: w4, from: ap("192.0.2.10:4000"), b: hdr(ap("192.0.2.99:7000"), client), pass: true},
 		{name: "measured multicast", s: w4, from: ap("192.0.2.10:4000"), b: hdr(ap("224.0.0.1:7000"), client), reason: cidroute.BadProxyHeader},
+		{name: "loopback service to a client elsewhere", s: svc["lo4"], from: ap("192.0.2.10:4000"), b: hdr(svc["lo4"].Public, client), pass: true},
 		{name: "measured wrong port", s: w4, from: ap("192.0.2.10:4000"), b: hdr(netip.AddrPortFrom(proxy4, 7001), client), reason: cidroute.BadProxyHeader},
 	}
 	seen := map[cidroute.Reason]bool{}
@@ -430,6 +431,11 @@ func FuzzForward(f *testing.F) {
 			f.Add(uint8(i), uint32(0xcb007105+rng.Uint32()%200), uint16(rng.Uint32()), b)
 		}
 	}
+	// Clients the kernel refuses: the host's own address, loopback.
+	for i := range e.services {
+		f.Add(uint8(i), uint32(0xc0000201), uint16(40000), dtlsCIDRecord(8, 1, 40))
+		f.Add(uint8(i), uint32(0x7f000001), uint16(40000), quicShort(lbCID(12, 0, 1, false), 30))
+	}
 	f.Fuzz(func(t *testing.T, sel uint8, ip uint32, port uint16, payload []byte) {
 		s := e.services[int(sel)%len(e.services)]
 		dst := s.Listen.Addr()
@@ -467,6 +473,17 @@ func FuzzReverse(f *testing.F) {
 			froms = append(froms, b.Addr)
 		}
 	}
+	// Senders the kernel refuses from the wire: ownbe's backends at the
+	// host's address and on loopback.
+	for _, a := range []netip.AddrPort{ap("192.0.2.1:5684"), ap("127.0.0.1:4000")} {
+		k := slices.Index(froms, a)
+		if k < 0 || k > 63 {
+			f.Fatalf("no sender %v within the fuzzer's reach", a)
+		}
+		for i := range e.services {
+			f.Add(uint8(i), uint8(k<<2), uint32(0xcb007105), uint16(4000), []byte("reply"))
+		}
+	}
 	f.Fuzz(func(t *testing.T, sel, kind uint8, ip uint32, port uint16, b []byte) {
 		s := e.services[int(sel)%len(e.services)]
 		from := froms[int(kind>>2)%len(froms)]
@@ -501,7 +518,12 @@ func FuzzReverse(f *testing.F) {
 // addresses at the next Sync and a new service at once.
 func TestOwnAddressFollowsHost(t *testing.T) {
 	e := newDiffEnv(t)
-	s := e.services[len(e.services)-1] // ownbe
+	var s *diffService
+	for _, c := range e.services {
+		if c.Name == "ownbe" {
+			s = c
+		}
+	}
 	client := ap("203.0.113.5:40000")
 	elsewhere, wildPort := dtlsCIDRecord(8, 6, 20), dtlsCIDRecord(8, 8, 20) // 192.0.2.50:4000, 192.0.2.60:7000
 	if got := e.forward(t, s, client, s.Listen.Addr(), wildPort); got != xdpTX {

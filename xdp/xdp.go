@@ -67,6 +67,7 @@ type Program struct {
 	services []*service
 	links    []attached
 	locals   map[[16]byte]bool
+	nets     map[cidrouteNetKey]bool // local routes (cidroute.LocalNets)
 	// ownGen counts changes of what the backends' own-address answers
 	// depend on: the host's addresses and the services.
 	ownGen uint64
@@ -95,7 +96,7 @@ func Load(opts Options) (*Program, error) {
 	if err != nil {
 		return nil, fmt.Errorf("xdp: %w", err)
 	}
-	p := &Program{log: opts.Logger, poll: opts.Poll, locals: map[[16]byte]bool{}}
+	p := &Program{log: opts.Logger, poll: opts.Poll, locals: map[[16]byte]bool{}, nets: map[cidrouteNetKey]bool{}}
 	if p.log == nil {
 		p.log = slog.Default()
 	}
@@ -464,7 +465,7 @@ func (p *Program) ownBackend(s *service, ip [16]byte, port uint16) byte {
 	}
 	a := netip.AddrFrom16(ip)
 	v4 := a.Is4In6()
-	host := a.IsUnspecified() || p.locals[ip]
+	host := a.IsUnspecified() || p.locals[ip] || p.inLocalNet(ip)
 	if v4 {
 		host = host || a.Unmap().IsUnspecified() || a.Unmap().IsLoopback()
 	} else {
@@ -492,37 +493,76 @@ func addrHome(ip [16]byte, port uint16) uint32 {
 }
 
 // refreshLocals writes the host's addresses, which the reverse path must
-// not relay to and the forward path serves on wildcard services: the set
-// the pipeline's own addresses are built from (cidroute.LocalAddrs, with
-// the subnets' broadcast addresses), so that both rules see one host.
+// not relay to and the forward path serves on wildcard services, and the
+// prefixes of its local routes: the sets the pipeline's own addresses are
+// built from (cidroute.LocalAddrs, with the subnets' broadcast addresses,
+// and cidroute.LocalNets), so that both rules see one host. A frame from
+// the wire with a source in either goes up to the stack, which drops it.
 func (p *Program) refreshLocals() error {
 	addrs, err := cidroute.LocalAddrs()
 	if err != nil {
 		return fmt.Errorf("xdp: host addresses: %w", err)
 	}
+	prefixes, err := cidroute.LocalNets()
+	if err != nil {
+		return fmt.Errorf("xdp: local routes: %w", err)
+	}
 	now := map[[16]byte]bool{}
 	for _, ip := range addrs {
 		now[ip.Unmap().As16()] = true
 	}
+	nets := map[cidrouteNetKey]bool{}
+	for _, n := range prefixes {
+		nets[netKey(n)] = true
+	}
+	changed, errs := syncMap(p.objs.Locals, p.locals, now, uint8(1))
+	changed2, errs2 := syncMap(p.objs.LocalNets, p.nets, nets, uint8(1))
+	if changed || changed2 {
+		p.ownGen++
+	}
+	p.locals, p.nets = now, nets
+	return errors.Join(errs, errs2)
+}
+
+// syncMap makes the keys of m those of now, where old is what m holds.
+func syncMap[K comparable](m *ebpf.Map, old, now map[K]bool, v uint8) (bool, error) {
 	var errs []error
 	changed := false
 	for k := range now {
-		if !p.locals[k] {
-			errs = append(errs, p.objs.Locals.Put(k, uint8(1)))
+		if !old[k] {
+			errs = append(errs, m.Put(&k, v))
 			changed = true
 		}
 	}
-	for k := range p.locals {
+	for k := range old {
 		if !now[k] {
-			errs = append(errs, p.objs.Locals.Delete(k))
+			errs = append(errs, m.Delete(&k))
 			changed = true
 		}
 	}
-	if changed {
-		p.ownGen++
+	return changed, errors.Join(errs...)
+}
+
+// netKey is the local_nets key of n: its length over the 16-byte form.
+func netKey(n netip.Prefix) cidrouteNetKey {
+	n = n.Masked()
+	bits := n.Bits()
+	if n.Addr().Is4() {
+		bits += 96
 	}
-	p.locals = now
-	return errors.Join(errs...)
+	return cidrouteNetKey{Prefixlen: uint32(bits), Ip: n.Addr().As16()}
+}
+
+// inLocalNet reports whether ip (16-byte form) is in a local route.
+// p.mu is held.
+func (p *Program) inLocalNet(ip [16]byte) bool {
+	a := netip.AddrFrom16(ip)
+	for k := range p.nets {
+		if netip.PrefixFrom(netip.AddrFrom16(k.Ip), int(k.Prefixlen)).Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // Run keeps the program's snapshots current until ctx is done.

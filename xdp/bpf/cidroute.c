@@ -152,6 +152,22 @@ struct {
 	__type(value, __u8);
 } locals SEC(".maps");
 
+// The prefixes of the host's local routes (cidroute.LocalNets, e.g. an
+// AnyIP pool `ip route add local 10.77.0.0/24 dev lo`): every address in
+// them is the host's. Key: prefix length over the 16-byte form.
+struct net_key {
+	__u32 prefixlen;
+	__u8 ip[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct net_key);
+	__type(value, __u8);
+} local_nets SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_SERVICES);
@@ -1300,6 +1316,34 @@ static __always_inline int is_local(const __u8 *ip)
 	return bpf_map_lookup_elem(&locals, (void *)ip) != NULL;
 }
 
+// martian reports a frame the kernel would drop from the wire before any
+// socket: a martian source or destination (ip_route_input_slow: loopback,
+// multicast, limited broadcast, unspecified; ip6_rcv_core: loopback and
+// multicast sources, a loopback destination), a source that is one of
+// the host's addresses or in a local route (fib_validate_source, at any
+// rp_filter), an unspecified destination (no local route: never
+// delivered). The program hands these up rather than dropping them: the
+// stack then drops and counts them exactly as on the socket path, and
+// where it would take them (accept_local, route_localnet, an IPv6 source
+// that is a host address, an interface where they are normal: lo) the
+// pipeline decides. Never transmitted from here. The set is wider than
+// the kernel's (0/8, class E, the subnets' broadcast addresses as
+// sources): those are only another path, not another verdict.
+static __noinline int martian(struct frame *fr)
+{
+	if (!plain_unicast(fr->src) || is_local(fr->src))
+		return 1;
+	struct net_key k = {.prefixlen = 128};
+	__builtin_memcpy(k.ip, fr->src, 16);
+	if (bpf_map_lookup_elem(&local_nets, &k))
+		return 1;
+	const __u8 *d = fr->dst;
+	if (fr->v4)
+		return d[12] == 127 || (d[12] == 0 && d[13] == 0 && d[14] == 0 && d[15] == 0);
+	__u64 hi = *(const __u64 *)d, lo = *(const __u64 *)(d + 8);
+	return hi == 0 && (lo == 0 || lo == bpf_cpu_to_be64(1));
+}
+
 // handshake_of_other_len reports whether a QUIC datagram the classifier
 // rejected starts with a v1 or v2 Handshake packet whose DCID is not of the
 // service's length: the pipeline may count it as cid_length rather than
@@ -1320,7 +1364,7 @@ static __noinline int forward(struct xdp_md *ctx, struct frame *fr, struct svc_c
 	__u32 id = s->id;
 	if (s->pass || fr->plen > s->max_dgram)
 		goto pass;
-	if (!plain_unicast(fr->src) || !rp_ok(ctx, fr))
+	if (martian(fr) || !rp_ok(ctx, fr))
 		goto pass;
 	__s64 psum = payload_sum(ctx, fr->hl, fr->plen);
 	if (psum < 0 || checked(fr, csum, psum))
@@ -1461,7 +1505,7 @@ static __noinline int reverse(struct xdp_md *ctx, struct frame *fr, __u32 id, __
 	struct svc_cfg *s = bpf_map_lookup_elem(&service_by_id, &id);
 	if (!s)
 		return XDP_PASS;
-	if (s->pass || !is_local(fr->dst))
+	if (s->pass || !is_local(fr->dst) || martian(fr))
 		goto pass;
 	void *m = bpf_map_lookup_elem(&snaps, &id);
 	if (!m)
@@ -1598,6 +1642,8 @@ static __noinline int reverse(struct xdp_md *ctx, struct frame *fr, __u32 id, __
 		__builtin_memcpy(o->src, s->listen.ip, 16);
 	if (is4(o->src) != v4)
 		goto pass; // a family the service socket cannot send to
+	if (!plain_unicast(o->src))
+		goto pass; // a loopback service: the kernel refuses to send off the host
 	if (trim(ctx, fr))
 		goto pass;
 	r = emit(ctx, fr->hl + hl, 0);
