@@ -255,14 +255,15 @@ func (r *Registries) build(c *Config, sc Service, o Options, log *slog.Logger) (
 			Transparent: sc.Transparent,
 			Unroutable:  sc.Unroutable,
 		},
-		Limits:       sc.Limits,
-		Workers:      sc.Workers,
-		RecvBuffer:   sc.RecvBuffer,
-		SendBuffer:   sc.SendBuffer,
-		EarlyDrop:    sc.EarlyDrop,
-		MaxSessions:  sc.MaxSessions,
-		SessionIdle:  sc.SessionIdle,
-		JoinExisting: o.Join,
+		Limits:        sc.Limits,
+		Workers:       sc.Workers,
+		RecvBuffer:    sc.RecvBuffer,
+		SendBuffer:    sc.SendBuffer,
+		EarlyDrop:     sc.EarlyDrop,
+		MaxSessions:   sc.MaxSessions,
+		SessionIdle:   sc.SessionIdle,
+		SessionMemory: sc.SessionMemory,
+		JoinExisting:  o.Join,
 	}, nil
 }
 

@@ -1,6 +1,7 @@
 package proxyconfig
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,8 +48,9 @@ type fileService struct {
 	CIDNonceLength int              `json:"cid_nonce_length"` // cidkeys.go
 	CIDKeysFile    string           `json:"cid_keys_file"`    // cidkeys.go
 	ProxyProtocol  *bool            `json:"proxy_protocol"`
-	MaxSessions    int              `json:"max_sessions"` // transparent mode only
-	SessionIdle    string           `json:"session_idle"` // transparent mode only
+	MaxSessions    int              `json:"max_sessions"`   // transparent mode only
+	SessionIdle    string           `json:"session_idle"`   // transparent mode only
+	SessionMemory  int64            `json:"session_memory"` // transparent mode only
 	Workers        int              `json:"workers"`
 	RecvBuffer     *int             `json:"recv_buffer"` // absent: DefaultRecvBuffer
 	SendBuffer     int              `json:"send_buffer"`
@@ -121,7 +123,11 @@ type Service struct {
 	// SessionIdle ("session_idle"): a transparent session without traffic
 	// expires after it; 0 is cidroute.DefaultSessionIdle.
 	SessionIdle time.Duration
-	Workers     int // 0 = one per CPU (GOMAXPROCS as the process started)
+	// SessionMemory ("session_memory"): bytes the service's transparent
+	// sessions may hold, all workers together; 0 is
+	// cidroute.DefaultSessionMemory.
+	SessionMemory int64
+	Workers       int // 0 = one per CPU (GOMAXPROCS as the process started)
 	// RecvBuffer and SendBuffer (recv_buffer, send_buffer) are the
 	// service sockets' SO_RCVBUF and SO_SNDBUF in bytes; 0 keeps the
 	// kernel's default. An absent recv_buffer is DefaultRecvBuffer.
@@ -387,7 +393,7 @@ func parseService(src *source, path string) (Service, error) {
 			"write 12 (the default), or 6-7 or 9-20")
 	}
 	s.Transparent = fs.ProxyProtocol != nil && !*fs.ProxyProtocol
-	for _, key := range []string{"max_sessions", "session_idle"} {
+	for _, key := range []string{"max_sessions", "session_idle", "session_memory"} {
 		if !s.Transparent && src.has(at(key)) {
 			return s, src.keyErr(at(key), "applies only in transparent mode", `add "proxy_protocol": false, or remove it`)
 		}
@@ -396,6 +402,10 @@ func parseService(src *source, path string) (Service, error) {
 		return fail("max_sessions", fmt.Sprintf("%d is negative", fs.MaxSessions), "write "+want(at("max_sessions")))
 	}
 	s.MaxSessions = fs.MaxSessions
+	if src.has(at("session_memory")) && (fs.SessionMemory < int64(cidroute.SessionBytes(0)) || fs.SessionMemory > 1<<40) {
+		return fail("session_memory", fmt.Sprintf("%d bytes is out of range", fs.SessionMemory), "write "+want(at("session_memory")))
+	}
+	s.SessionMemory = fs.SessionMemory
 	if s.SessionIdle, err = parseDuration(src, at("session_idle"), fs.SessionIdle, minSessionIdle, false); err != nil {
 		return s, err
 	}
@@ -409,9 +419,10 @@ func parseService(src *source, path string) (Service, error) {
 			workers = startProcs
 		}
 		per := int64(cidroute.SessionBytes(0))
-		if fit := cidroute.DefaultSessionMemory / (per * int64(workers)); int64(s.MaxSessions) > fit {
+		mem := cmp.Or(s.SessionMemory, cidroute.DefaultSessionMemory)
+		if fit := mem / (per * int64(workers)); int64(s.MaxSessions) > fit {
 			return fail("max_sessions", fmt.Sprintf("%d sessions on each of %d workers, %d bytes each, need more than the %d MiB of session memory",
-				s.MaxSessions, workers, per, cidroute.DefaultSessionMemory>>20), fmt.Sprintf("write at most %d, or 0 to fit it", fit))
+				s.MaxSessions, workers, per, mem>>20), fmt.Sprintf("write at most %d, or 0 to fit it, or raise session_memory", fit))
 		}
 	}
 	recv := DefaultRecvBuffer

@@ -28,6 +28,7 @@ var wants = map[string]string{
 	"services[].cid_keys_file":    `the path of the CID key file, such as "cid-keys.json"`,
 	"services[].proxy_protocol":   "true (a PROXY v2 header on each datagram, the default) or false (transparent mode)",
 	"services[].max_sessions":     "0 (fit to RLIMIT_NOFILE, the default) or a number of sessions per worker",
+	"services[].session_memory":   "a number of bytes of at least 14336 (one session), such as 268435456 (256 MiB, the default)",
 	"services[].session_idle":     `a Go duration of at least "1s", such as "2m" (the default)`,
 	"services[].workers":          "0 (one per CPU, the default) to 256",
 	"services[].recv_buffer":      "0 (the kernel's default) to 1073741824 bytes (absent: 4194304)",

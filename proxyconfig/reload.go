@@ -145,6 +145,7 @@ func socketKeys(a, b Service) []string {
 	}
 	add(a.Transparent != b.Transparent, "proxy_protocol")
 	add(a.MaxSessions != b.MaxSessions, "max_sessions")
+	add(a.SessionMemory != b.SessionMemory, "session_memory")
 	add(a.SessionIdle != b.SessionIdle, "session_idle")
 	add(a.Workers != b.Workers, "workers")
 	add(a.RecvBuffer != b.RecvBuffer, "recv_buffer")
