@@ -35,6 +35,7 @@ type fileConfig struct {
 	PprofListen   string            `json:"pprof_listen"`
 	LogLevel      string            `json:"log_level"`
 	Wait          string            `json:"wait"`
+	MaxDatagram   int               `json:"max_datagram"`
 	XDPInterfaces []string          `json:"xdp_interfaces"` // xdp.go
 	Services      []json.RawMessage `json:"services"`       // decoded one by one, to name the service in errors
 }
@@ -82,6 +83,10 @@ type Config struct {
 	// in epoll_wait for both of its sockets, the cheapest wake-up)
 	// or "netpoller".
 	Wait cidroute.WaitMode
+	// MaxDatagram ("max_datagram") is the largest datagram relayed in
+	// either direction, the PPv2 header not counted
+	// (cidroute.Config.MaxDatagram; 0 = cidroute.DefaultMaxDatagram).
+	MaxDatagram int
 	// XDPInterfaces (xdp_interfaces) are the interfaces of the XDP fast
 	// path: distinct names, not checked against the host. Attaching is the
 	// program's (module cidroute/xdp, xdp.Accelerate).
@@ -281,6 +286,10 @@ func parse(file string, data []byte) (*Config, error) {
 			return nil, src.err("wait", fmt.Sprintf("%q is not a wait mode", fc.Wait), "write "+want("wait"))
 		}
 	}
+	if src.has("max_datagram") && (fc.MaxDatagram < 64 || fc.MaxDatagram > cidroute.MaxDatagram4) {
+		return nil, src.err("max_datagram", fmt.Sprintf("%d is out of range", fc.MaxDatagram), "write "+want("max_datagram"))
+	}
+	cfg.MaxDatagram = fc.MaxDatagram
 	switch {
 	case !src.has("services"):
 		return nil, src.err("services", "missing", "add it: "+want("services"))
@@ -291,9 +300,13 @@ func parse(file string, data []byte) (*Config, error) {
 	listens := map[netip.AddrPort]int{}
 	for i := range fc.Services {
 		path := fmt.Sprintf("services[%d]", i)
-		s, err := parseService(src, path)
+		s, err := parseService(src, path, cfg.MaxDatagram)
 		if err != nil {
 			return nil, err
+		}
+		if cfg.MaxDatagram > cidroute.MaxDatagram6 && !s.Transparent && !s.Listen.Addr().Is4() {
+			return nil, src.err("max_datagram", fmt.Sprintf("%d and the 52-byte PROXY header of %s's IPv6 clients exceed a UDP datagram", cfg.MaxDatagram, path),
+				fmt.Sprintf("write at most %d", cidroute.MaxDatagram6))
 		}
 		if j, dup := names[s.Name]; dup {
 			return nil, src.err(path+".name", fmt.Sprintf("%q is already the name of services[%d]", s.Name, j), "give each service a name of its own")
@@ -324,7 +337,7 @@ func parse(file string, data []byte) (*Config, error) {
 }
 
 // parseService decodes and validates the service at path.
-func parseService(src *source, path string) (Service, error) {
+func parseService(src *source, path string, maxDatagram int) (Service, error) {
 	var fs fileService
 	if err := src.decode(path, &fs); err != nil {
 		return Service{}, err
@@ -418,7 +431,7 @@ func parseService(src *source, path string) (Service, error) {
 		if s.Workers == 0 {
 			workers = startProcs
 		}
-		per := int64(cidroute.SessionBytes(0))
+		per := int64(cidroute.SessionBytes(maxDatagram))
 		mem := cmp.Or(s.SessionMemory, cidroute.DefaultSessionMemory)
 		if fit := mem / (per * int64(workers)); int64(s.MaxSessions) > fit {
 			return fail("max_sessions", fmt.Sprintf("%d sessions on each of %d workers, %d bytes each, need more than the %d MiB of session memory",

@@ -15,6 +15,7 @@ var wants = map[string]string{
 	"pprof_listen":   `host:port on loopback, such as "127.0.0.1:6060"`,
 	"log_level":      `"debug", "info", "warn" or "error"`,
 	"wait":           `"thread" or "netpoller"`,
+	"max_datagram":   "64-65475 bytes (9216, the default; an IPv4-only proxy may go to 65479)",
 	"xdp_interfaces": `a list of interface names, such as ["eth0"]`,
 	"services":       `a list of services, such as [{"name": "coaps", "protocol": "dtls", "listen": "0.0.0.0:5684", "backends_file": "backends.json"}]`,
 

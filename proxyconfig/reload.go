@@ -78,6 +78,10 @@ func (c *Config) Diff(next *Config) Delta {
 		refuse("", "pprof_listen")
 		eff.PprofListen = c.PprofListen
 	}
+	if c.MaxDatagram != next.MaxDatagram {
+		refuse("", "max_datagram") // the workers' buffers are sized at start
+		eff.MaxDatagram = c.MaxDatagram
+	}
 	if !slices.Equal(c.XDPInterfaces, next.XDPInterfaces) {
 		refuse("", "xdp_interfaces")
 		eff.XDPInterfaces = c.XDPInterfaces

@@ -63,7 +63,7 @@ func newProxy(run context.Context, cfg *proxyconfig.Config, log *slog.Logger, op
 	}
 	defs := regs.Services()
 	opts.inherit.adopt(defs, regs, log)
-	pc := cidroute.Config{Services: defs, Logger: log, Wait: cfg.Wait}
+	pc := cidroute.Config{Services: defs, Logger: log, Wait: cfg.Wait, MaxDatagram: cfg.MaxDatagram}
 	pipe, err := cidroute.New(pc)
 	if err != nil {
 		p.close()
