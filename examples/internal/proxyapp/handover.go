@@ -578,16 +578,15 @@ func (p *proxy) handOver(ctx context.Context, c *net.UnixConn, hello hoMsg, metr
 }
 
 // downMarks are the backends the health checkers have marked down, by
-// service.
+// service: every mark a checker holds, whatever the backend's state now
+// (a draining backend's mark must outlive the handover too, or it would
+// take new sessions unprobed once ready again).
 func (p *proxy) downMarks() map[string][]registry.Backend {
 	down := map[string][]registry.Backend{}
 	for _, name := range p.serviceNames() {
-		if reg, ok := p.regs.Registry(name); ok {
-			snap := reg.Snapshot()
-			for _, b := range snap.Backends() {
-				if snap.Down(b.Ordinal) {
-					down[name] = append(down[name], b)
-				}
+		if c, ok := p.regs.Checker(name); ok && c != nil {
+			if marks := c.Down(); len(marks) > 0 {
+				down[name] = marks
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -185,4 +186,30 @@ func TestHandoverMarksNeedAChecker(t *testing.T) {
 	assert.Equal(t, 1, plain.Stats().Ready)
 	assert.Contains(t, logs.String(), "down marks are dropped: this service has no health_check")
 	waitFor(t, 5*time.Second, "the checker lifts the mark it inherited", func() bool { return !hc.Snapshot().Down(0) })
+}
+
+// Issue 35: a handover sends every mark the predecessor's checker holds,
+// a draining backend's too: once ready again it must not take new
+// sessions unprobed at the successor.
+func TestHandoverSendsDrainingMarks(t *testing.T) {
+	dead := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(freePort(t, "udp"))) // nothing listens: probes fail at once
+	cfg, err := proxyconfig.Parse(strings.NewReader(fmt.Sprintf(`{"services": [
+		{"name": "hc", "protocol": "dtls", "listen": "127.0.0.1:%d", "backends": [{"ordinal": 0, "address": "%v"}, {"ordinal": 1, "address": "127.0.0.1:9"}],
+		 "health_check": {"interval": "100ms", "timeout": "50ms", "fall": 1}}]}`, freePort(t, "udp"), dead)))
+	require.NoError(t, err)
+	regs, err := cfg.Build(proxyconfig.Options{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer regs.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); regs.Run(ctx) }()
+	defer func() { cancel(); <-ran }()
+	reg, _ := regs.Registry("hc")
+	waitFor(t, 5*time.Second, "the dead backend marked down", func() bool { return reg.Snapshot().Down(0) })
+	// The source now says draining (a rolling restart began).
+	require.NoError(t, reg.Update([]registry.Backend{{Ordinal: 0, Addr: dead, State: registry.Draining}, {Ordinal: 1, Addr: netip.MustParseAddrPort("127.0.0.1:9")}}))
+	p := &proxy{regs: regs, names: []string{"hc"}}
+	down := p.downMarks()["hc"]
+	assert.True(t, slices.ContainsFunc(down, func(b registry.Backend) bool { return b.Ordinal == 0 && b.Addr == dead }),
+		"the draining backend's mark is sent: %v", down)
 }
