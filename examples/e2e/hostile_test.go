@@ -108,11 +108,23 @@ func (env *hostileEnv) write(t *testing.T, name, body string) string {
 // most 147 ms here; the bound is for a hang, on a loaded CI machine).
 func (env *hostileEnv) check(t *testing.T, body string) (code int, out string) {
 	t.Helper()
+	return env.exec(t, body, "-check")
+}
+
+// run starts cidproxy with body (written where check writes it) and
+// returns its exit code and output, for a start that must refuse.
+func (env *hostileEnv) run(t *testing.T, body string) (code int, out string) {
+	t.Helper()
+	return env.exec(t, body)
+}
+
+func (env *hostileEnv) exec(t *testing.T, body string, flags ...string) (code int, out string) {
+	t.Helper()
 	path := env.write(t, "check.json", body)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	b, err := exec.CommandContext(ctx, env.bin, "-check", "-config", path).CombinedOutput()
-	require.NoError(t, ctx.Err(), "-check did not exit within 15 s")
+	b, err := exec.CommandContext(ctx, env.bin, append(flags, "-config", path)...).CombinedOutput()
+	require.NoError(t, ctx.Err(), "cidproxy %v did not exit within 15 s", flags)
 	if err == nil {
 		return 0, string(b)
 	}
@@ -499,8 +511,10 @@ func attackConfigKeys(t *testing.T, env *hostileEnv) {
 }
 
 // 15.10: a FIFO as backends_file made -check wait for a writer forever and
-// a running proxy ignore SIGTERM. Both now refuse it at once; the running
-// proxy counts it and stops within 2 s (stop checks that).
+// a running proxy ignore SIGTERM. Both now refuse it at once, alike (issue
+// 35: a start used to run the service with no backends); a FIFO put in
+// the file's place at run time is counted, and the proxy stops within 2 s
+// (stop checks that).
 func attackFIFO(t *testing.T, env *hostileEnv) {
 	fifo := filepath.Join(env.dir, "backends.json")
 	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
@@ -510,16 +524,24 @@ func attackFIFO(t *testing.T, env *hostileEnv) {
 		}
 	})
 	svc := freeService(t)
-	code, out := env.check(t, fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "dtls", "listen": "%v", "backends_file": "backends.json"}]}`, svc))
+	body := fmt.Sprintf(`{"services": [{"name": "svc", "protocol": "dtls", "listen": "%v", "workers": 1, "backends_file": "backends.json"}]}`, svc)
+	code, out := env.check(t, body)
 	require.Equal(t, 1, code)
 	require.Contains(t, out, "not a regular file")
 
+	startCode, startOut := env.run(t, body)
+	require.Equal(t, 1, startCode, "a start refuses what -check refuses")
+	require.Equal(t, out, startOut, "with the same message")
+
+	file := filepath.Join(env.dir, "good.json")
+	require.NoError(t, os.WriteFile(file, []byte(`[{"ordinal": 0, "address": "127.0.0.1:9"}]`), 0o600))
+	require.NoError(t, os.Rename(fifo, filepath.Join(env.dir, "fifo")))
+	require.NoError(t, os.Rename(file, fifo))
 	p := env.start(t, "proxy", fmt.Sprintf(`{"metrics_listen": "%%METRICS%%", "services": [
 		{"name": "svc", "protocol": "dtls", "listen": "%v", "workers": 1, "backends_file": "backends.json"}]}`, svc))
+	require.NoError(t, os.Rename(filepath.Join(env.dir, "fifo"), fifo)) // the FIFO back in the file's place
 	waitUntil(t, 10*time.Second, "rejection", func() bool { return p.metric(t, rejectedSeries) >= 1 })
 	require.Contains(t, p.logs.String(), "not a regular file")
-	// Traffic meets an empty registry and is counted.
-	require.False(t, echoes(t, svc, cidRecord(t, 0, 1)))
 }
 
 // 15.10, the key file's turn: a FIFO as cid_keys_file made -check and a

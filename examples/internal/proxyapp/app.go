@@ -103,7 +103,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 		return 2
 	}
 	cfg, err := loadConfig(ctx, *path, opts)
-	if err == nil && *check {
+	if err == nil {
+		// A start refuses what -check refuses: a backends_file that cannot
+		// be read or holds a bad list at start would run the service with
+		// no backends (at run time, a bad file keeps the previous list).
 		err = cfg.CheckFiles(ctx)
 	}
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -24,6 +25,8 @@ import (
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/internal/testecho"
+	"github.com/cidroute/cidroute/proxyconfig"
+	"github.com/cidroute/cidroute/registry"
 )
 
 // hoEnv is a cidproxy configuration on fixed ports with three PPv2 echo
@@ -218,7 +221,8 @@ func TestHandoverInProcess(t *testing.T) {
 }
 
 // TestHandoverAborted: a successor that cannot serve (its registry never
-// gets a list) gives up before it says ready; the running one goes on.
+// gets a list: a source that never answers) gives up before it says
+// ready; the running one goes on.
 func TestHandoverAborted(t *testing.T) {
 	defer func(d time.Duration) { handoverReadyWait = d }(handoverReadyWait)
 	handoverReadyWait = 300 * time.Millisecond
@@ -228,10 +232,11 @@ func TestHandoverAborted(t *testing.T) {
 
 	good, err := os.ReadFile(e.path)
 	require.NoError(t, err)
-	bad := regexp.MustCompile(`"backends": \[.*\]\}\]\}`).ReplaceAllString(string(good), `"backends_file": "missing.json"}]}`)
+	bad := regexp.MustCompile(`"backends": \[.*\]\}\]\}`).ReplaceAllString(string(good), `"kubernetes": {"service": "ds"}}]}`)
 	require.NotEqual(t, string(good), bad)
 	require.NoError(t, os.WriteFile(e.path, []byte(bad), 0o600))
-	b := e.start(t, Options{}, "-handover", e.sock)
+	silent := registry.SourceFunc(func(ctx context.Context, _ registry.Updater) error { <-ctx.Done(); return nil })
+	b := e.start(t, Options{Kubernetes: func(proxyconfig.Kubernetes, *slog.Logger) (registry.Source, error) { return silent, nil }}, "-handover", e.sock)
 	require.Equal(t, 1, b.exited(t))
 	assert.Contains(t, b.logs.String(), "no backends after")
 	a.wait(t, "handover aborted by the successor")
