@@ -126,6 +126,23 @@ func tagRelease(repo string, opts tagOptions) (*result, error) {
 	}
 	res := &result{base: strings.TrimSpace(base)}
 	rel := released(mods)
+	// The development go.mod and go.sum, to come back to with only the
+	// requirements' versions changed (comments and layout kept).
+	orig := map[*module][2][]byte{}
+	for _, m := range rel {
+		if len(m.Replaces) == 0 {
+			continue
+		}
+		mod, err := os.ReadFile(filepath.Join(repo, m.Dir, "go.mod"))
+		if err != nil {
+			return nil, err
+		}
+		sum, err := os.ReadFile(filepath.Join(repo, m.Dir, "go.sum"))
+		if err != nil && !os.IsNotExist(err) {
+			return nil, err
+		}
+		orig[m] = [2][]byte{mod, sum}
+	}
 	maxLevel := 0
 	for _, m := range rel {
 		maxLevel = max(maxLevel, m.Level)
@@ -181,13 +198,20 @@ func tagRelease(repo string, opts tagOptions) (*result, error) {
 	// requirements kept; the API baseline of this release.
 	var files []string
 	for _, m := range rel {
-		if len(m.Replaces) == 0 {
+		saved, ok := orig[m]
+		if !ok {
 			continue
 		}
 		dir := filepath.Join(repo, m.Dir)
+		if err := os.WriteFile(filepath.Join(dir, "go.mod"), saved[0], 0o644); err != nil {
+			return res, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "go.sum"), saved[1], 0o644); err != nil {
+			return res, err
+		}
 		args := []string{"mod", "edit"}
-		for _, p := range sortedKeys(m.Replaces) {
-			args = append(args, "-replace="+p+"="+m.Replaces[p])
+		for _, p := range sortedKeys(m.Requires) {
+			args = append(args, "-require="+p+"@"+v)
 		}
 		if _, err := run(dir, env, "go", args...); err != nil {
 			return res, err

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/mod/semver"
@@ -67,6 +68,9 @@ func verifyRelease(repo string, opts verifyOptions) error {
 	return nil
 }
 
+// Builds are -trimpath: the tool's own module cache puts the sources at
+// other paths than the user's, and only trimmed builds share the build
+// cache across runs.
 func verifyOne(repo string, env []string, m *module, opts verifyOptions) error {
 	tag := m.tagName(opts.version)
 	modData, err := run(repo, os.Environ(), "git", "show", tag+":"+filepath.ToSlash(filepath.Join(m.Dir, "go.mod")))
@@ -116,7 +120,7 @@ func verifyOne(repo string, env []string, m *module, opts verifyOptions) error {
 				pkg = c
 			}
 		}
-		if _, err := run(dir, installEnv, "go", "install", pkg+"@"+opts.version); err != nil {
+		if _, err := run(dir, installEnv, "go", "install", "-trimpath", pkg+"@"+opts.version); err != nil {
 			return err
 		}
 		fmt.Fprintf(opts.out, "ok   go install %s@%s (module go %s)\n", pkg, opts.version, modGo)
@@ -135,7 +139,7 @@ func verifyOne(repo string, env []string, m *module, opts verifyOptions) error {
 	if _, err := run(dir, env, "go", "mod", "tidy"); err != nil {
 		return err
 	}
-	if _, err := run(dir, env, "go", "build", "-o", os.DevNull, "."); err != nil {
+	if _, err := run(dir, env, "go", "build", "-trimpath", "-o", os.DevNull, "."); err != nil {
 		return err
 	}
 	userMod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
@@ -149,10 +153,16 @@ func verifyOne(repo string, env []string, m *module, opts verifyOptions) error {
 	if semver.Compare("v"+got, "v"+want) != 0 {
 		return fmt.Errorf("the user's go line went %s -> %s; want %s (the module says %s)", opts.userGo, got, want, modGo)
 	}
+	// The versions built, not the whole module graph's.
+	built, err := run(dir, env, "go", "list", "-deps", "-f", "{{with .Module}}{{.Path}} {{.Version}}{{end}}", ".")
+	if err != nil {
+		return err
+	}
 	var deps []string
-	for _, d := range keyDeps {
-		if v, err := run(dir, env, "go", "list", "-m", "-f", "{{.Version}}", d); err == nil && strings.TrimSpace(v) != "" {
-			deps = append(deps, d+" "+strings.TrimSpace(v))
+	for _, line := range strings.Split(built, "\n") {
+		p, _, _ := strings.Cut(line, " ")
+		if slices.Contains(keyDeps, p) && !slices.Contains(deps, line) {
+			deps = append(deps, line)
 		}
 	}
 	fmt.Fprintf(opts.out, "ok   go get %s@%s: builds %s; user's go %s -> %s (module go %s)", m.Path, opts.version, lib, opts.userGo, got, modGo)
