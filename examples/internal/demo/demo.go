@@ -460,7 +460,7 @@ func report(out io.Writer, tr *tracker, backends []*dtlsecho.Server, replicas []
 	}
 	w.Flush()
 
-	fmt.Fprintln(out, "\nclients, as each saw its session (sockets: the source ports it used, one per rebinding and the first):")
+	fmt.Fprintln(out, "\nclients, as each saw its session (byte 0 of a CID is the ordinal of the backend that issued it; a socket per rebinding, and the first):")
 	fmt.Fprintln(w, "client\tCID\tCID names\tanswered by\tsockets\treplicas\techoed/sent\tresent")
 	var sent, echoed, resent, rebindings int
 	for i, c := range cs {
