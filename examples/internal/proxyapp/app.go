@@ -64,7 +64,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts Opti
 	path := fs.String("config", "", "JSON configuration `file`")
 	check := fs.Bool("check", false, "validate the configuration and exit")
 	demo := fs.Bool("demo", false, "run a self-contained demo on loopback and exit")
-	demoFor := fs.Duration("demo-duration", 10*time.Second, "how long the demo sends traffic")
+	demoFor := fs.Duration("demo-duration", demoDuration, "how long the demo sends traffic")
 	join := fs.Bool("join", false, "join the SO_REUSEPORT groups a running cidproxy holds on the listen addresses\ninstead of refusing to start (both then share the traffic; -handover replaces one without loss)")
 	handover := fs.String("handover", "", "unix socket `path` of the restart handover: take the sockets over from the cidproxy listening there,\nif any, and listen there for the successor that replaces this one (start each new build with the same flags)")
 	drain := fs.Duration("handover-drain", 2*time.Second, "after a handover, how long transparent-mode sessions keep relaying their backends' replies")
