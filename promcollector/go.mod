@@ -5,7 +5,7 @@ module github.com/cidroute/cidroute/promcollector
 go 1.26.0
 
 require (
-	github.com/cidroute/cidroute v0.0.0
+	github.com/cidroute/cidroute v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 )
 
@@ -21,5 +21,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/cidroute/cidroute => ../

@@ -6,7 +6,7 @@ module github.com/cidroute/cidroute/dtls/piondtls
 go 1.24.0
 
 require (
-	github.com/cidroute/cidroute v0.0.0
+	github.com/cidroute/cidroute v0.1.0
 	github.com/pion/dtls/v3 v3.1.0
 	github.com/pion/logging v0.2.4
 	github.com/pion/transport/v5 v5.0.0
@@ -21,5 +21,3 @@ require (
 	golang.org/x/net v0.42.0 // indirect
 	golang.org/x/sys v0.41.0 // indirect
 )
-
-replace github.com/cidroute/cidroute => ../..

@@ -6,7 +6,7 @@ module github.com/cidroute/cidroute/quic/quicgo
 go 1.25
 
 require (
-	github.com/cidroute/cidroute v0.0.0
+	github.com/cidroute/cidroute v0.1.0
 	github.com/quic-go/quic-go v0.55.0
 	github.com/stretchr/testify v1.12.1
 )
@@ -21,5 +21,3 @@ require (
 	golang.org/x/sys v0.35.0 // indirect
 	golang.org/x/tools v0.36.0 // indirect
 )
-
-replace github.com/cidroute/cidroute => ../..

@@ -4,7 +4,7 @@ module github.com/cidroute/cidroute/registry/kubernetes
 go 1.26.0
 
 require (
-	github.com/cidroute/cidroute v0.0.0
+	github.com/cidroute/cidroute v0.1.0
 	github.com/stretchr/testify v1.12.1
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
@@ -58,5 +58,3 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 )
-
-replace github.com/cidroute/cidroute => ../..
