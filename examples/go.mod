@@ -4,11 +4,11 @@ module github.com/cidroute/cidroute/examples
 go 1.26.0
 
 require (
-	github.com/cidroute/cidroute v0.0.0
-	github.com/cidroute/cidroute/dtls/piondtls v0.0.0
-	github.com/cidroute/cidroute/promcollector v0.0.0
-	github.com/cidroute/cidroute/quic/quicgo v0.0.0
-	github.com/cidroute/cidroute/xdp v0.0.0
+	github.com/cidroute/cidroute v0.1.0
+	github.com/cidroute/cidroute/dtls/piondtls v0.1.0
+	github.com/cidroute/cidroute/promcollector v0.1.0
+	github.com/cidroute/cidroute/quic/quicgo v0.1.0
+	github.com/cidroute/cidroute/xdp v0.1.0
 	github.com/pion/dtls/v2 v2.2.12
 	github.com/pion/dtls/v3 v3.1.15
 	github.com/pion/transport/v5 v5.0.0
@@ -32,12 +32,4 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-)
-
-replace (
-	github.com/cidroute/cidroute => ..
-	github.com/cidroute/cidroute/dtls/piondtls => ../dtls/piondtls
-	github.com/cidroute/cidroute/promcollector => ../promcollector
-	github.com/cidroute/cidroute/quic/quicgo => ../quic/quicgo
-	github.com/cidroute/cidroute/xdp => ../xdp
 )
