@@ -5,17 +5,17 @@ module github.com/cidroute/cidroute/examples/kubernetes/cidproxy
 go 1.26.0
 
 require (
-	github.com/cidroute/cidroute v0.0.0
-	github.com/cidroute/cidroute/registry/kubernetes v0.0.0
+	github.com/cidroute/cidroute v0.1.0
+	github.com/cidroute/cidroute/registry/kubernetes v0.1.0
 	sigs.k8s.io/yaml v1.6.0
 )
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/cidroute/cidroute/dtls/piondtls v0.0.0 // indirect
-	github.com/cidroute/cidroute/examples v0.0.0
-	github.com/cidroute/cidroute/promcollector v0.0.0 // indirect
+	github.com/cidroute/cidroute/dtls/piondtls v0.1.0 // indirect
+	github.com/cidroute/cidroute/examples v0.1.0
+	github.com/cidroute/cidroute/promcollector v0.1.0 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.1 // indirect
@@ -71,14 +71,4 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
-)
-
-replace (
-	github.com/cidroute/cidroute => ../../..
-	github.com/cidroute/cidroute/dtls/piondtls => ../../../dtls/piondtls
-	github.com/cidroute/cidroute/examples => ../..
-	github.com/cidroute/cidroute/promcollector => ../../../promcollector
-	github.com/cidroute/cidroute/quic/quicgo => ../../../quic/quicgo
-	github.com/cidroute/cidroute/registry/kubernetes => ../../../registry/kubernetes
-	github.com/cidroute/cidroute/xdp => ../../../xdp
 )
