@@ -33,3 +33,11 @@ require (
 	golang.org/x/crypto v0.58.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+replace (
+	github.com/cidroute/cidroute => ..
+	github.com/cidroute/cidroute/dtls/piondtls => ../dtls/piondtls
+	github.com/cidroute/cidroute/promcollector => ../promcollector
+	github.com/cidroute/cidroute/quic/quicgo => ../quic/quicgo
+	github.com/cidroute/cidroute/xdp => ../xdp
+)

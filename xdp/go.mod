@@ -22,4 +22,10 @@ require (
 	golang.org/x/net v0.62.0 // indirect
 )
 
+replace (
+	github.com/cidroute/cidroute => ..
+	github.com/cidroute/cidroute/dtls/piondtls => ../dtls/piondtls
+	github.com/cidroute/cidroute/quic/quicgo => ../quic/quicgo
+)
+
 tool github.com/cilium/ebpf/cmd/bpf2go

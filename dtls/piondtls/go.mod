@@ -21,3 +21,5 @@ require (
 	golang.org/x/net v0.42.0 // indirect
 	golang.org/x/sys v0.41.0 // indirect
 )
+
+replace github.com/cidroute/cidroute => ../..

@@ -21,3 +21,5 @@ require (
 	golang.org/x/sys v0.35.0 // indirect
 	golang.org/x/tools v0.36.0 // indirect
 )
+
+replace github.com/cidroute/cidroute => ../..

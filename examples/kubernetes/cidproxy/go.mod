@@ -72,3 +72,13 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 )
+
+replace (
+	github.com/cidroute/cidroute => ../../..
+	github.com/cidroute/cidroute/dtls/piondtls => ../../../dtls/piondtls
+	github.com/cidroute/cidroute/examples => ../..
+	github.com/cidroute/cidroute/promcollector => ../../../promcollector
+	github.com/cidroute/cidroute/quic/quicgo => ../../../quic/quicgo
+	github.com/cidroute/cidroute/registry/kubernetes => ../../../registry/kubernetes
+	github.com/cidroute/cidroute/xdp => ../../../xdp
+)
