@@ -7,7 +7,7 @@ module github.com/cidroute/cidroute/registry/kubernetes/cluster
 go 1.26.0
 
 require (
-	github.com/cidroute/cidroute v0.0.0
+	github.com/cidroute/cidroute v0.1.0
 	github.com/cidroute/cidroute/registry/kubernetes v0.0.0
 	github.com/pion/dtls/v3 v3.1.15
 	go.etcd.io/etcd/client/v3 v3.7.0
