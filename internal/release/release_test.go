@@ -119,8 +119,8 @@ func TestReleaseEndToEnd(t *testing.T) {
 	// requirements at the new version.
 	for _, m := range released(mods) {
 		want := baseMod[m.Dir]
-		for p := range m.Requires {
-			want = strings.ReplaceAll(want, p+" v0.0.0", p+" "+v)
+		for p, was := range m.Requires {
+			want = strings.ReplaceAll(want, p+" "+was, p+" "+v)
 		}
 		if got := readFile(t, filepath.Join(repo, m.Dir, "go.mod")); got != want {
 			t.Errorf("%s/go.mod after the release:\n%s\nwant:\n%s", m.Dir, got, want)
@@ -131,6 +131,19 @@ func TestReleaseEndToEnd(t *testing.T) {
 	}
 	if st := git(t, repo, "status", "--porcelain"); st != "" {
 		t.Errorf("the release left changes:\n%s", st)
+	}
+	// The unreleased modules (the Kubernetes cluster tests) require the
+	// new version too, so that their go.mod stays tidy.
+	for _, m := range mods {
+		if m.Dir != "registry/kubernetes/cluster" {
+			continue
+		}
+		gomod := readFile(t, filepath.Join(repo, m.Dir, "go.mod"))
+		for p := range m.Requires {
+			if !strings.Contains(gomod, p+" "+v) {
+				t.Errorf("%s/go.mod does not require %s %s after the release", m.Dir, p, v)
+			}
+		}
 	}
 
 	// A user's module at go 1.24 gets one nested module with go get

@@ -92,8 +92,9 @@ func lastVersion(tags []string, m *module) string {
 //     (through fetchEnv, the local clone); one commit per level, whose
 //     modules are tagged there;
 //  3. a last commit restores the replace lines for development (the
-//     requirements stay at the new version) and writes the API baseline
-//     that apicheck compares against.
+//     requirements stay at the new version), moves the unreleased
+//     modules' requirements on the repository to the new version too, and
+//     writes the API baseline that apicheck compares against.
 //
 // Every tagged go.mod is thus what a user's go command reads: versions
 // that exist, no replace lines, go.sum complete. The repository must be
@@ -220,6 +221,28 @@ func tagRelease(repo string, opts tagOptions) (*result, error) {
 			return res, err
 		}
 		files = append(files, filepath.Join(m.Dir, "go.mod"), filepath.Join(m.Dir, "go.sum"))
+	}
+	// The modules that are not released (tests and tools outside the
+	// workspace) keep building against the repository through their
+	// replace lines; their requirements follow the release, as the
+	// released modules' now require v, or their go.mod would no longer
+	// be tidy.
+	isRel := map[*module]bool{}
+	for _, m := range rel {
+		isRel[m] = true
+	}
+	for _, m := range mods {
+		if isRel[m] || len(m.Requires) == 0 {
+			continue
+		}
+		args := []string{"mod", "edit"}
+		for _, p := range sortedKeys(m.Requires) {
+			args = append(args, "-require="+p+"@"+v)
+		}
+		if _, err := run(filepath.Join(repo, m.Dir), env, "go", args...); err != nil {
+			return res, err
+		}
+		files = append(files, filepath.Join(m.Dir, "go.mod"))
 	}
 	written, err := writeBaseline(repo, rel, v)
 	if err != nil {
