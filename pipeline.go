@@ -343,7 +343,7 @@ func (sc *Service) validate() error {
 	}
 	sc.Listen = addr.Unmap(sc.Listen)
 	if sc.Workers == 0 {
-		sc.Workers = startProcs
+		sc.Workers = DefaultWorkers()
 	}
 	switch {
 	case sc.Workers < 1 || sc.Workers > 256:
@@ -436,7 +436,7 @@ func sizeSessionsFor(svcs []Service, limit uint64, ok bool, maxDatagram int) err
 		if mem == 0 {
 			mem = DefaultSessionMemory
 		}
-		fit := mem / (per * int64(sc.Workers)) // sessions per worker the memory holds
+		fit := int64(SessionsFit(mem, sc.Workers, maxDatagram))
 		if sc.MaxSessions != 0 && int64(sc.MaxSessions) > fit {
 			return fmt.Errorf("service %s: max sessions %d × %d workers × %d bytes a session (max datagram %d) need %d MiB, more than the session memory of %d MiB: %w",
 				sc.Name, sc.MaxSessions, sc.Workers, per, maxDatagram, int64(sc.MaxSessions)*int64(sc.Workers)*per>>20, mem>>20, ErrConfig)
@@ -988,19 +988,24 @@ func (p *Pipeline) Run(ctx context.Context) error {
 // its predecessor to stop reading the sockets they share.
 func (p *Pipeline) Serving() <-chan struct{} { return p.serving }
 
-// checkDatagram refuses a MaxDatagram that the PPv2 header would push
-// past a UDP datagram of a service's family (an IPv6 or dual-stack
-// listener's being the smaller).
+// MaxDatagramFor is the largest Config.MaxDatagram a service listening on
+// listen may have: with the PPv2 header, a UDP datagram (MaxDatagram4
+// for IPv4, MaxDatagram6 for IPv6 or dual-stack, whose header is the
+// larger); a transparent service sends datagrams unchanged.
+func MaxDatagramFor(listen netip.AddrPort, transparent bool) int {
+	switch {
+	case transparent:
+		return maxUDP6
+	case listen.Addr().Is4():
+		return MaxDatagram4
+	}
+	return MaxDatagram6
+}
+
+// checkDatagram refuses a MaxDatagram above MaxDatagramFor a service.
 func checkDatagram(svcs []Service, maxDatagram int) error {
 	for _, sc := range svcs {
-		limit := MaxDatagram6
-		if sc.Listen.Addr().Is4() {
-			limit = MaxDatagram4
-		}
-		if sc.Transparent {
-			limit = maxUDP6 // sent unchanged
-		}
-		if maxDatagram > limit {
+		if limit := MaxDatagramFor(sc.Listen, sc.Transparent); maxDatagram > limit {
 			return fmt.Errorf("service %s: max datagram %d and the PROXY header exceed a UDP datagram (at most %d here): %w", sc.Name, maxDatagram, limit, ErrConfig)
 		}
 	}
@@ -1039,6 +1044,11 @@ var procsMu sync.Mutex // one GOMAXPROCS change at a time
 // from the raised value, each service a reload added doubled the workers
 // (5 reloads on 2 CPUs: 5, 10, 20, 40, 80).
 var startProcs = runtime.GOMAXPROCS(0)
+
+// DefaultWorkers is the worker count of a Service whose Workers is 0:
+// GOMAXPROCS as the process started (the CPUs its affinity and cgroup
+// allow), never as WaitThread raised it.
+func DefaultWorkers() int { return startProcs }
 
 // Close stops a running pipeline and waits until Run has returned, or
 // closes the sockets of one that never ran. It is idempotent and returns

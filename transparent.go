@@ -62,9 +62,19 @@ const (
 // one file descriptor. Lower MaxDatagram to shrink it.
 func SessionBytes(maxDatagram int) int {
 	if maxDatagram == 0 {
-		maxDatagram = 9216
+		maxDatagram = DefaultMaxDatagram
 	}
 	return maxDatagram + 5<<10
+}
+
+// SessionsFit is how many transparent sessions each of workers may hold
+// within a session memory of memory bytes (0: DefaultSessionMemory), at
+// SessionBytes(maxDatagram) each: the bound New puts on MaxSessions.
+func SessionsFit(memory int64, workers, maxDatagram int) int {
+	if memory == 0 {
+		memory = DefaultSessionMemory
+	}
+	return int(memory / (int64(SessionBytes(maxDatagram)) * int64(max(workers, 1))))
 }
 
 // fdReserve is how many file descriptors session tables leave for
@@ -100,6 +110,7 @@ type sessionTable struct {
 	max       int
 	idle      int64 // ns
 	evictions atomic.Uint64
+	fullAt    int64 // under mu: the coarse time of the last scan that freed nothing
 	bufSize   int
 	mu        sync.Mutex
 	closed    bool // under mu: no session opens after close
@@ -188,15 +199,21 @@ func (t *sessionTable) session(f flow, local netip.Addr, now int64) (*session, R
 // the longest, those in the oldest quarter of the span between the
 // oldest's last datagram and now, among the ones silent for at least a
 // quarter of SessionIdle. One scan frees a share of the table, so a flood
-// of new flows costs a scan per many sessions, not per datagram. It
-// reports whether it freed any. The caller holds mu.
+// of new flows costs a scan per many sessions, not per datagram; a scan
+// that freed nothing is not repeated until the coarse clock moves (no
+// session grows quieter before it does). It reports whether it freed
+// any. The caller holds mu.
 func (t *sessionTable) evictLocked(now int64) bool {
+	if t.fullAt == now {
+		return false
+	}
 	quiet := now - t.idle/4 // sessions seen after it keep their place
 	oldest := quiet + 1
 	for _, s := range t.table {
 		oldest = min(oldest, s.seen.Load())
 	}
 	if oldest > quiet {
+		t.fullAt = now
 		return false
 	}
 	cut := oldest + (quiet-oldest)/4

@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -196,10 +195,6 @@ const (
 	readTimeout   = 5 * time.Second
 )
 
-// startProcs is GOMAXPROCS as the process started, what a Pipeline
-// gives a service of 0 workers (a WaitThread pipeline raises it later).
-var startProcs = runtime.GOMAXPROCS(0)
-
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // Load reads and validates the file at path (at most 1 MiB, a regular
@@ -304,9 +299,9 @@ func parse(file string, data []byte) (*Config, error) {
 		if err != nil {
 			return nil, err
 		}
-		if cfg.MaxDatagram > cidroute.MaxDatagram6 && !s.Transparent && !s.Listen.Addr().Is4() {
+		if limit := cidroute.MaxDatagramFor(s.Listen, s.Transparent); cfg.MaxDatagram > limit {
 			return nil, src.err("max_datagram", fmt.Sprintf("%d and the 52-byte PROXY header of %s's IPv6 clients exceed a UDP datagram", cfg.MaxDatagram, path),
-				fmt.Sprintf("write at most %d", cidroute.MaxDatagram6))
+				fmt.Sprintf("write at most %d", limit))
 		}
 		if j, dup := names[s.Name]; dup {
 			return nil, src.err(path+".name", fmt.Sprintf("%q is already the name of services[%d]", s.Name, j), "give each service a name of its own")
@@ -325,11 +320,11 @@ func parse(file string, data []byte) (*Config, error) {
 	for i, s := range cfg.Services {
 		n := s.Workers
 		if n == 0 {
-			n = startProcs // one per CPU, as the Pipeline counts them
+			n = cidroute.DefaultWorkers()
 		}
 		if workers += n; workers > cidroute.DefaultMaxWorkers {
 			return nil, src.err(fmt.Sprintf("services[%d].workers", i),
-				fmt.Sprintf("brings the workers of all services to %d, more than the %d a pipeline runs (0: one per CPU, %d here)", workers, cidroute.DefaultMaxWorkers, startProcs),
+				fmt.Sprintf("brings the workers of all services to %d, more than the %d a pipeline runs (0: one per CPU, %d here)", workers, cidroute.DefaultMaxWorkers, cidroute.DefaultWorkers()),
 				"give the services fewer workers")
 		}
 	}
@@ -427,13 +422,10 @@ func parseService(src *source, path string, maxDatagram int) (Service, error) {
 	}
 	s.Workers = fs.Workers
 	if s.MaxSessions > 0 { // the Pipeline's memory bound, as cidroute.New applies it
-		workers := max(s.Workers, 1)
-		if s.Workers == 0 {
-			workers = startProcs
-		}
-		per := int64(cidroute.SessionBytes(maxDatagram))
+		workers := cmp.Or(s.Workers, cidroute.DefaultWorkers())
+		per := cidroute.SessionBytes(maxDatagram)
 		mem := cmp.Or(s.SessionMemory, cidroute.DefaultSessionMemory)
-		if fit := mem / (per * int64(workers)); int64(s.MaxSessions) > fit {
+		if fit := cidroute.SessionsFit(mem, workers, maxDatagram); s.MaxSessions > fit {
 			return fail("max_sessions", fmt.Sprintf("%d sessions on each of %d workers, %d bytes each, need more than the %d MiB of session memory",
 				s.MaxSessions, workers, per, mem>>20), fmt.Sprintf("write at most %d, or 0 to fit it, or raise session_memory", fit))
 		}
