@@ -42,8 +42,10 @@ func NewOwnAddrs(bound []netip.AddrPort, host []netip.Addr, local ...netip.Prefi
 		o.host[plain(a)] = struct{}{}
 	}
 	for _, n := range local {
-		if n.IsValid() {
-			o.nets = append(o.nets, netip.PrefixFrom(plain(n.Addr()), n.Bits()-(n.Addr().BitLen()-plain(n.Addr()).BitLen())).Masked())
+		ip := plain(n.Addr())
+		bits := n.Bits() - (n.Addr().BitLen() - ip.BitLen()) // ::ffff:10.0.0.0/120 is 10.0.0.0/24
+		if p := netip.PrefixFrom(ip, bits); p.IsValid() {
+			o.nets = append(o.nets, p.Masked())
 		}
 	}
 	for _, b := range bound {
