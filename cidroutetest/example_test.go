@@ -28,6 +28,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer be.Close()
+	answered := make(chan struct{}, 1)
 	go func() { // the server: echo every datagram to whoever sent it
 		buf := make([]byte, 2048)
 		for {
@@ -36,6 +37,7 @@ func Example() {
 				return
 			}
 			be.WriteTo(buf[:n], from)
+			answered <- struct{}{}
 		}
 	}()
 
@@ -62,6 +64,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	fmt.Println("echoed:", n == len(hello), "from the service address:", from == proxy.Addr)
+	<-answered // the echo can reach the client before WriteTo returns and counts it
 	st := be.Stats()
 	fmt.Println("the backend read and answered through the proxy:", st.AcceptedProxied == 1 && st.WrittenProxied == 1)
 	// Output:
