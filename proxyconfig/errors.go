@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"reflect"
-	"regexp"
 	"strconv"
 	"strings"
 
@@ -144,12 +143,29 @@ func quoteByte(c byte) string {
 	return fmt.Sprintf("%q", rune(c))
 }
 
-// yamlLine is a line of a YAML mapping or list: "key:", "key: value",
-// "- item", or a document marker.
-var yamlLine = regexp.MustCompile(`(?m)^\s*(---\s*$|- |[A-Za-z_][A-Za-z0-9_-]*\s*:(\s|$))`)
-
+// looksLikeYAML reports whether a line of data is a line of a YAML
+// mapping or list: "key:", "key: value", "- item", or a document marker.
 func looksLikeYAML(data []byte) bool {
-	return yamlLine.Match(data)
+	for line := range bytes.Lines(data) {
+		line = bytes.TrimLeft(line, " \t\r\f")
+		switch {
+		case bytes.HasPrefix(line, []byte("---")) && len(bytes.TrimSpace(line[3:])) == 0,
+			bytes.HasPrefix(line, []byte("- ")):
+			return true
+		}
+		i := 0
+		for i < len(line) && (isAlnum(line[i]) || line[i] == '_' || i > 0 && line[i] == '-') {
+			i++
+		}
+		if i == 0 || '0' <= line[0] && line[0] <= '9' {
+			continue
+		}
+		rest := bytes.TrimLeft(line[i:], " \t")
+		if len(rest) > 0 && rest[0] == ':' && (len(rest) == 1 || strings.ContainsRune(" \t\r\n\f\v", rune(rest[1]))) {
+			return true
+		}
+	}
+	return false
 }
 
 func skipSpace(d []byte, i int) int {
@@ -497,12 +513,29 @@ var fileTypes = map[string]reflect.Type{
 	"[]":                      reflect.TypeFor[fileBackend](), // a backends_file
 }
 
-var index = regexp.MustCompile(`\[[0-9]+\]`)
-
 // normalize drops the list indices of a path: services[2].limits →
 // services[].limits.
 func normalize(path string) string {
-	return index.ReplaceAllString(path, "[]")
+	var b strings.Builder
+	for {
+		open := strings.IndexByte(path, '[')
+		if open < 0 {
+			break
+		}
+		end := open + 1
+		for end < len(path) && '0' <= path[end] && path[end] <= '9' {
+			end++
+		}
+		if end > open+1 && end < len(path) && path[end] == ']' {
+			b.WriteString(path[:open+1])
+			path = path[end:]
+		} else {
+			b.WriteString(path[:open+1])
+			path = path[open+1:]
+		}
+	}
+	b.WriteString(path)
+	return b.String()
 }
 
 // didYouMean is the fix of an unknown key: the known key it most likely
