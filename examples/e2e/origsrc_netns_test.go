@@ -10,13 +10,11 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -180,18 +178,23 @@ func (p *peerLog) peers() []netip.AddrPort {
 }
 
 // startOrigProxy runs a replica of one DTLS service in original-source
-// mode on listen, in the process's namespace, in front of bs.
-func startOrigProxy(t *testing.T, name string, listen netip.AddrPort, bs []registry.Backend) (*replica, error) {
+// mode on listen (with public as its public address; zero: listen), in
+// the process's namespace, in front of bs; mod adjusts the service.
+func startOrigProxy(t *testing.T, name string, listen, public netip.AddrPort, bs []registry.Backend, mod ...func(*cidroute.Service)) (*replica, error) {
 	t.Helper()
 	reg, err := registry.New(registry.Config{Service: "svc", Seed: hrwSeed, Logger: quiet()})
 	require.NoError(t, err)
 	t.Cleanup(reg.Close)
 	require.NoError(t, reg.Update(bs))
-	p, err := cidroute.New(cidroute.Config{Logger: quiet(), Services: []cidroute.Service{{
-		Name: "svc", Listen: listen, Workers: 2, JoinExisting: name != "A",
-		RouterConfig:   cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg, Transparent: true},
+	sc := cidroute.Service{
+		Name: "svc", Listen: listen, Workers: 2,
+		RouterConfig:   cidroute.RouterConfig{Protocol: cidroute.DTLS, Backends: reg, Transparent: true, PublicAddr: public},
 		OriginalSource: true,
-	}}})
+	}
+	for _, m := range mod {
+		m(&sc)
+	}
+	p, err := cidroute.New(cidroute.Config{Logger: quiet(), Services: []cidroute.Service{sc}})
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +268,7 @@ func TestOrigSrcPeerAddress(t *testing.T) {
 				logs = append(logs, p)
 				bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: p.addr(), State: registry.Ready})
 			}
-			r, err := startOrigProxy(t, "A", netip.AddrPortFrom(f.proxy, 5684), bs)
+			r, err := startOrigProxy(t, "A", netip.AddrPortFrom(f.proxy, 5684), netip.AddrPort{}, bs)
 			require.NoError(t, err)
 
 			// Each ordinal's records reach its backend, which sees the
@@ -310,7 +313,7 @@ func TestOrigSrcNoReturnRoute(t *testing.T) {
 			b0 := startPeerLog(t, l.backs[0], "b0", netip.AddrPortFrom(f.backend(0), 7000))
 			b1 := startPeerLog(t, l.backs[1], "b1", netip.AddrPortFrom(f.backend(1), 7000))
 			listen := netip.AddrPortFrom(f.proxy, 5684)
-			_, err := startOrigProxy(t, "A", listen, transparentBackends(b0.addr()))
+			_, err := startOrigProxy(t, "A", listen, netip.AddrPort{}, transparentBackends(b0.addr()))
 			require.ErrorIs(t, err, cidroute.ErrOriginalSource)
 			t.Logf("New without the routes: %v", err)
 			assert.Contains(t, err.Error(), "rule add from "+f.backend(0).String()+" iif b0")
@@ -318,10 +321,10 @@ func TestOrigSrcNoReturnRoute(t *testing.T) {
 
 			// The rule without the local route is no better.
 			ip(t, append(f.ip, "rule", "add", "from", f.backend(0).String(), "iif", "b0", "ipproto", "udp", "lookup", "100")...)
-			_, err = startOrigProxy(t, "A", listen, transparentBackends(b0.addr()))
+			_, err = startOrigProxy(t, "A", listen, netip.AddrPort{}, transparentBackends(b0.addr()))
 			require.ErrorIs(t, err, cidroute.ErrOriginalSource)
 			ip(t, append(f.ip, "route", "replace", "local", f.all, "dev", "lo", "table", "100")...)
-			r, err := startOrigProxy(t, "A", listen, transparentBackends(b0.addr()))
+			r, err := startOrigProxy(t, "A", listen, netip.AddrPort{}, transparentBackends(b0.addr()))
 			require.NoError(t, err)
 
 			// Backend 1 joins, its route missing.
@@ -343,7 +346,3 @@ func TestOrigSrcNoReturnRoute(t *testing.T) {
 		})
 	}
 }
-
-// origErr keeps errors imported for the helpers below.
-var _ = errors.Is
-var _ = strings.Contains
