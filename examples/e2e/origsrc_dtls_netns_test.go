@@ -2,20 +2,27 @@ package e2e
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	pion "github.com/pion/dtls/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
+	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -173,6 +180,135 @@ func TestOrigSrcPion(t *testing.T) {
 				ord, _ := c.ask(t, fmt.Sprintf("new client %d", i))
 				require.Equal(t, 1, ord, "a new session while backend 0 drains")
 			}
+		})
+	}
+}
+
+// A wireLog records the sources of the UDP datagrams that arrive on an
+// interface for one port, as the server on that port receives them: a
+// packet socket on the backend's link, for servers that log no peer
+// (openssl s_server).
+type wireLog struct {
+	mu   sync.Mutex
+	seen map[netip.AddrPort]bool
+}
+
+func watchWire(t *testing.T, ns, dev string, port uint16) *wireLog {
+	t.Helper()
+	w := &wireLog{seen: map[netip.AddrPort]bool{}}
+	proto := int(binary.BigEndian.Uint16(binary.NativeEndian.AppendUint16(nil, unix.ETH_P_ALL)))
+	var fd int
+	inNS(t, ns, func() {
+		ifi, err := net.InterfaceByName(dev)
+		require.NoError(t, err)
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, proto)
+		require.NoError(t, err)
+		require.NoError(t, unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: ifi.Index}))
+	})
+	require.NoError(t, unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100000}))
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 65536)
+		for !stop.Load() {
+			n, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				continue
+			}
+			if src, dport, ok := udpSource(buf[:n]); ok && dport == port {
+				w.mu.Lock()
+				w.seen[src] = true
+				w.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() { stop.Store(true); <-done; unix.Close(fd) })
+	return w
+}
+
+// udpSource parses an IP packet (no extension headers) carrying UDP.
+func udpSource(p []byte) (src netip.AddrPort, dport uint16, ok bool) {
+	if len(p) < 1 {
+		return
+	}
+	var a netip.Addr
+	var udp []byte
+	switch p[0] >> 4 {
+	case 4:
+		ihl := int(p[0]&15) * 4
+		if len(p) < ihl+8 || p[9] != unix.IPPROTO_UDP {
+			return
+		}
+		a, udp = netip.AddrFrom4([4]byte(p[12:16])), p[ihl:]
+	case 6:
+		if len(p) < 48 || p[6] != unix.IPPROTO_UDP {
+			return
+		}
+		a, udp = netip.AddrFrom16([16]byte(p[8:24])), p[40:]
+	default:
+		return
+	}
+	return netip.AddrPortFrom(a, binary.BigEndian.Uint16(udp)), binary.BigEndian.Uint16(udp[2:]), true
+}
+
+func (w *wireLog) saw(a netip.AddrPort) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen[a]
+}
+
+func (w *wireLog) sources() []netip.AddrPort {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []netip.AddrPort
+	for a := range w.seen {
+		out = append(out, a)
+	}
+	return out
+}
+
+// TestOrigSrcOpenSSL: OpenSSL's DTLS 1.2 client and server, neither of
+// which knows PROXY protocol or connection IDs, complete a certificate
+// handshake through an original-source replica and exchange lines both
+// ways; every datagram the server receives comes from the client's own
+// address and port. Both families.
+func TestOrigSrcOpenSSL(t *testing.T) {
+	openssl := testtool.Look(t, "openssl", "openssl")
+	if !inNetns(t) {
+		return
+	}
+	l := newOrigLab(t, 1)
+	dir := t.TempDir()
+	key, cert := filepath.Join(dir, "key.pem"), filepath.Join(dir, "cert.pem")
+	out, err := exec.Command(openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+		"-nodes", "-subj", "/CN=x", "-days", "1", "-keyout", key, "-out", cert).CombinedOutput()
+	require.NoError(t, err, "openssl req: %s", out)
+	for n, f := range []origFamily{origV4, origV6} {
+		t.Run(f.name, func(t *testing.T) {
+			l.routeBackend(f, 0)
+			backend := netip.AddrPortFrom(f.backend(0), 5684)
+			wire := watchWire(t, l.backs[0], "eth0", backend.Port())
+			srv := startTransparentProc(t, "s_server", "ip", "netns", "exec", l.backs[0], openssl, "s_server", "-dtls1_2",
+				"-accept", backend.String(), "-cert", cert, "-key", key)
+			srv.waitFor(t, "ACCEPT")
+			r, err := startOrigProxy(t, "A", netip.AddrPortFrom(f.proxy, 5684), netip.AddrPort{}, transparentBackends(backend))
+			require.NoError(t, err)
+
+			bind := netip.AddrPortFrom(f.clients[0], uint16(41000+n))
+			cli := startTransparentProc(t, "s_client", "ip", "netns", "exec", l.client, openssl, "s_client", "-dtls1_2",
+				"-quiet", "-no_ign_eof", "-connect", r.addr.String(), "-bind", bind.String())
+			up := transparentLine("client", n)
+			cli.send(t, up)
+			srv.waitFor(t, up)
+			down := transparentLine("server", n)
+			srv.send(t, down)
+			cli.waitFor(t, down)
+			require.NoError(t, cli.stdin.Close())
+			cli.waitExit(t)
+			srv.waitFor(t, "DONE") // the close_notify arrived
+			assert.Equal(t, []netip.AddrPort{bind}, wire.sources(), "the sources s_server received from")
+			assert.Equal(t, 1, r.sessions())
 		})
 	}
 }
