@@ -15,7 +15,10 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -345,4 +348,49 @@ func TestOrigSrcNoReturnRoute(t *testing.T) {
 			assert.Equal(t, fmt.Sprintf("b1 saw %v len 100", localOf(c)), got)
 		})
 	}
+}
+
+// writeOrigConfig writes a cidproxy configuration of one DTLS service on
+// listen in front of bs, in original-source mode or (orig false)
+// transparent mode, and returns its path.
+func writeOrigConfig(t *testing.T, listen netip.AddrPort, orig bool, bs []registry.Backend) string {
+	t.Helper()
+	var list []string
+	for _, b := range bs {
+		list = append(list, fmt.Sprintf(`{"ordinal": %d, "address": %q}`, b.Ordinal, b.Addr.String()))
+	}
+	cfg := fmt.Sprintf(`{"hrw_seed": %d, "log_level": "info", "services": [{"name": "coaps", "protocol": "dtls", "listen": %q,
+  "workers": 1, "proxy_protocol": false, "original_source": %v, "backends": [%s]}]}`, hrwSeed, listen.String(), orig, strings.Join(list, ", "))
+	path := filepath.Join(t.TempDir(), "cidproxy.json")
+	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
+	return path
+}
+
+// TestOrigSrcCidproxy: cidproxy, configured with "original_source": true,
+// forwards with the client's address (the configuration key reaches the
+// pipeline); without the return route it refuses to start and says why.
+func TestOrigSrcCidproxy(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	bin := buildProxies(t).v1
+	l := newOrigLab(t, 1)
+	f := origV4
+	b0 := startPeerLog(t, l.backs[0], "b0", netip.AddrPortFrom(f.backend(0), 7000))
+	listen := netip.AddrPortFrom(f.proxy, 5684)
+	cfg := writeOrigConfig(t, listen, true, transparentBackends(b0.addr()))
+
+	p := startCidproxy(t, "cidproxy without routes", bin, "", "-config", cfg)
+	err := p.waitExit(t, 30*time.Second)
+	require.Error(t, err)
+	require.Contains(t, p.logs.String(), "would not be delivered to the proxy")
+	require.Contains(t, p.logs.String(), "ip rule add from 10.81.0.2 iif b0 ipproto udp lookup 100")
+
+	l.routeBackend(f, 0)
+	p = startCidproxy(t, "cidproxy", bin, "", "-config", cfg)
+	c := l.origClient(f.clients[0])
+	got := origAsk(t, c, listen, transparentRecord(t, 0, 100))
+	require.Equal(t, fmt.Sprintf("b0 saw %v len 100", localOf(c)), got)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, p.waitExit(t, 30*time.Second))
 }
