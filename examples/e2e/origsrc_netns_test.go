@@ -394,3 +394,48 @@ func TestOrigSrcCidproxy(t *testing.T) {
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, p.waitExit(t, 30*time.Second))
 }
+
+// TestOrigSrcHandover: a restart handover in original-source mode. A
+// successor joins the running replica's socket group and the old one
+// drains: the client's next datagrams reach the successor, which opens a
+// session socket on the same client address and port (the old one's
+// still relays until it ends), and every datagram is answered, the
+// backend seeing the client's address throughout. Both families.
+func TestOrigSrcHandover(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	l := newOrigLab(t, 1)
+	for _, f := range []origFamily{origV4, origV6} {
+		t.Run(f.name, func(t *testing.T) {
+			l.routeBackend(f, 0)
+			b0 := startPeerLog(t, l.backs[0], "b0", netip.AddrPortFrom(f.backend(0), 7000))
+			bs := transparentBackends(b0.addr())
+			listen := netip.AddrPortFrom(f.proxy, 5684)
+			old, err := startOrigProxy(t, "old", listen, netip.AddrPort{}, bs, func(s *cidroute.Service) { s.Workers = 1 })
+			require.NoError(t, err)
+			c := l.origClient(f.clients[0])
+			want := fmt.Sprintf("b0 saw %v len 100", localOf(c))
+			require.Equal(t, want, origAsk(t, c, listen, transparentRecord(t, 0, 100)))
+
+			next, err := startOrigProxy(t, "next", listen, netip.AddrPort{}, bs, func(s *cidroute.Service) { s.Workers = 1; s.JoinExisting = true })
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			drained := make(chan error, 1)
+			go func() { drained <- old.pipe.Drain(ctx) }()
+			for i := range 20 {
+				require.Equal(t, want, origAsk(t, c, listen, transparentRecord(t, 0, 100)), "datagram %d during the drain", i)
+				time.Sleep(50 * time.Millisecond)
+			}
+			require.NoError(t, <-drained)
+			for i := range 5 {
+				require.Equal(t, want, origAsk(t, c, listen, transparentRecord(t, 0, 100)), "datagram %d after the drain", i)
+			}
+			assert.Equal(t, 1, next.sessions())
+			for _, p := range b0.peers() {
+				require.Equal(t, localOf(c), p)
+			}
+		})
+	}
+}
