@@ -6,9 +6,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/cidroute/cidroute/internal/testtool"
 	"github.com/cidroute/cidroute/registry"
@@ -41,4 +43,23 @@ func TestOriginalSourceWithoutCapability(t *testing.T) {
 		require.ErrorContains(t, err, "CAP_NET_ADMIN", listen)
 		t.Logf("%s: %v", listen, err)
 	}
+}
+
+// TestReturnRouteLocalBackend: a backend on the proxy's own host is
+// refused (its replies would not cross the routing the mode relies on);
+// the kernel's answer comes over rtnetlink, which needs no privilege.
+func TestReturnRouteLocalBackend(t *testing.T) {
+	for _, b := range []string{"127.0.0.1:5684", "[::1]:5684"} {
+		err := checkReturnRoute(netip.MustParseAddrPort(b))
+		if err != nil && strings.Contains(err.Error(), "no route to it") {
+			t.Logf("%s: %v (no such loopback here)", b, err)
+			continue
+		}
+		require.ErrorIs(t, err, ErrOriginalSource, b)
+		require.ErrorContains(t, err, "on the proxy's own host", b)
+	}
+	a, err := routeGet(routeQuery{dst: netip.MustParseAddr("127.0.0.1")})
+	require.NoError(t, err)
+	require.Equal(t, uint8(unix.RTN_LOCAL), a.typ)
+	require.NotZero(t, a.oif, "the loopback interface")
 }

@@ -114,7 +114,7 @@ func TestOrigSrcPion(t *testing.T) {
 			require.NoError(t, err)
 			rs := []*replica{a, b}
 
-			const clients = 8
+			const clients = 12 // all on one backend by chance: 2 in 4096
 			var cs []*origPionClient
 			owner := make([]int, clients)
 			per := map[int]int{}

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -174,10 +175,18 @@ func startPeerLog(t *testing.T, ns, name string, a netip.AddrPort) *peerLog {
 
 func (p *peerLog) addr() netip.AddrPort { return p.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
 
+// peers returns the peers in the order they first appeared (a datagram
+// sent again after a lost reply appears once).
 func (p *peerLog) peers() []netip.AddrPort {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]netip.AddrPort(nil), p.seen...)
+	var out []netip.AddrPort
+	for _, a := range p.seen {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // startOrigProxy runs a replica of one DTLS service in original-source
