@@ -8,8 +8,11 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -311,4 +314,94 @@ func TestOrigSrcOpenSSL(t *testing.T) {
 			assert.Equal(t, 1, r.sessions())
 		})
 	}
+}
+
+// TestOrigSrcTwoHosts: two original-source replicas on two hosts (the
+// test's namespace and a cidproxy process in one of its own), each on its
+// own link to a backend that both reach at one address. The backend
+// returns each flow through the replica it came from: conntrack marks a
+// flow by the link its first datagram arrived on, and the mark picks the
+// route of its replies (docs/original-source.md, Several replicas). A
+// pion/dtls v3 client handshakes through replica A, then rebinds to a new
+// address and reaches replica B: the server keeps the session (no new
+// handshake), sees the new address, and its replies reach the client
+// through B. Without the marks they would go to A, which holds no socket
+// for the new address, and the client would get nothing.
+func TestOrigSrcTwoHosts(t *testing.T) {
+	nft := testtool.Look(t, "nftables", "nft")
+	if !inNetns(t) {
+		return
+	}
+	bin := buildProxies(t).v1
+	l := newOrigLab(t, 1)
+	back, hostB := l.backs[0], l.netns("pb")
+	shared := netip.MustParseAddr("10.78.0.1") // the backend, as both replicas reach it
+	ip(t, "-n", back, "addr", "add", shared.String()+"/32", "dev", "lo")
+	// Host A (this namespace) reaches it on link b0.
+	ip(t, "route", "add", shared.String()+"/32", "via", "10.81.0.2")
+	ip(t, "rule", "add", "from", shared.String(), "iif", "b0", "ipproto", "udp", "lookup", "100")
+	ip(t, "route", "replace", "local", "0.0.0.0/0", "dev", "lo", "table", "100")
+	// Host B: a link to the client, one to the backend, the same rules.
+	ip(t, "-n", hostB, "link", "set", "lo", "up")
+	ip(t, "-n", hostB, "link", "add", "cl", "type", "veth", "peer", "name", "px2", "netns", l.client)
+	ip(t, "-n", hostB, "addr", "add", "10.82.0.1/24", "dev", "cl")
+	ip(t, "-n", hostB, "link", "set", "cl", "up")
+	ip(t, "-n", l.client, "addr", "add", "10.82.0.2/24", "dev", "px2")
+	ip(t, "-n", l.client, "link", "set", "px2", "up")
+	ip(t, "-n", hostB, "link", "add", "b0", "type", "veth", "peer", "name", "eth1", "netns", back)
+	ip(t, "-n", hostB, "addr", "add", "10.83.0.1/24", "dev", "b0")
+	ip(t, "-n", hostB, "link", "set", "b0", "up")
+	ip(t, "-n", back, "addr", "add", "10.83.0.2/24", "dev", "eth1")
+	ip(t, "-n", back, "link", "set", "eth1", "up")
+	ip(t, "-n", hostB, "route", "add", shared.String()+"/32", "via", "10.83.0.2")
+	ip(t, "-n", hostB, "rule", "add", "from", shared.String(), "iif", "b0", "ipproto", "udp", "lookup", "100")
+	ip(t, "-n", hostB, "route", "replace", "local", "0.0.0.0/0", "dev", "lo", "table", "100")
+	// The backend: a flow's replies leave on the link it arrived on.
+	sysctl(t, back, "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.eth0.rp_filter=0", "net.ipv4.conf.eth1.rp_filter=0")
+	ruleset := `table ip origsrc {
+	chain pre { type filter hook prerouting priority mangle; ct state new iifname "eth0" ct mark set 1; ct state new iifname "eth1" ct mark set 2; }
+	chain out { type route hook output priority mangle; meta mark set ct mark; }
+}`
+	cmd := exec.Command("ip", "netns", "exec", back, nft, "-f", "-")
+	cmd.Stdin = strings.NewReader(ruleset)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "nft: %s", out)
+	for mark, gw := range map[string]string{"1": "10.81.0.1", "2": "10.83.0.1"} {
+		ip(t, "-n", back, "rule", "add", "fwmark", mark, "lookup", mark)
+		ip(t, "-n", back, "route", "add", "default", "via", gw, "table", mark)
+	}
+
+	srv := startOrigPion(t, back, 0, netip.AddrPortFrom(shared, 0))
+	bs := transparentBackends(srv.addr)
+	a, err := startOrigProxy(t, "A", netip.AddrPortFrom(origV4.proxy, 5684), netip.AddrPort{}, bs)
+	require.NoError(t, err)
+	viaB := netip.MustParseAddrPort("10.82.0.1:5684")
+	b := startCidproxy(t, "B", "ip", "", "netns", "exec", hostB, bin, "-config", writeOrigConfig(t, viaB, true, bs))
+	b.waitLog(t, "service started", 30*time.Second)
+
+	pub := netip.AddrPortFrom(origV4.proxy, 5684)
+	const clients = 4
+	var cs []*origPionClient
+	for i := range clients {
+		c := l.dialPion(t, origV4.clients[0], a.addr, pub)
+		ord, _ := c.ask(t, fmt.Sprintf("client %d via A", i))
+		require.Equal(t, 0, ord)
+		cs = append(cs, c)
+	}
+	for i, c := range cs {
+		c.from = netip.MustParseAddr("10.82.0.2")
+		require.NoError(t, c.sock.Rebind(viaB))
+		ord, _ := c.ask(t, fmt.Sprintf("client %d via B", i))
+		require.Equal(t, 0, ord)
+	}
+	require.Len(t, srv.view(), clients, "no new handshake")
+	for i, c := range cs {
+		want := c.sock.Local().String()
+		require.Eventually(t, func() bool {
+			return slices.ContainsFunc(srv.view(), func(v transparentPionView) bool { return v.now == want })
+		}, transparentWait, 10*time.Millisecond, "client %d: the server sees %v", i, want)
+	}
+	require.NoError(t, b.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, b.waitExit(t, 30*time.Second))
+	require.Contains(t, b.logs.String(), "final counters")
 }
