@@ -39,7 +39,9 @@
 // so that clients see the service address. In transparent mode
 // (RouterConfig.Transparent) there is no header: each flow (client and
 // backend) gets its own connected upstream socket, in a table bounded by
-// Service.MaxSessions and RLIMIT_NOFILE. The Pipeline keeps the process's
+// Service.MaxSessions and RLIMIT_NOFILE; with Service.OriginalSource
+// that socket is bound to the client's own address (IP_TRANSPARENT), so
+// the backend sees the device. The Pipeline keeps the process's
 // own addresses current (rtnetlink on Linux), counts every datagram once
 // per service and direction (Stats: received = forwarded + Σ dropped) and
 // stops cleanly on Close or when its context ends.

@@ -86,6 +86,14 @@ type Service struct {
 	// A session costs SessionBytes(Config.MaxDatagram): a 0 MaxSessions
 	// is sized to fit it, and New refuses a MaxSessions that does not.
 	SessionMemory int64
+	// OriginalSource, in transparent mode, sends each datagram to the
+	// backend with the client's own address and port as its source, so
+	// that an unmodified server sees the device. It needs CAP_NET_ADMIN
+	// (or CAP_NET_RAW) and policy routing that delivers the backends'
+	// replies to the proxy; New checks both and fails with
+	// ErrOriginalSource without them. Linux only. See
+	// docs/original-source.md.
+	OriginalSource bool
 
 	// EarlyDrop attaches a socket filter to the service's sockets that
 	// drops, in the kernel before they take room in the socket's queue,
@@ -200,6 +208,7 @@ type service struct {
 	router  *Router
 	workers []*worker
 	lenLog  lengthWarning
+	orig    *origSrc // original-source mode's checks, or nil
 }
 
 // New validates cfg and opens every socket, so that a bad address fails
@@ -352,6 +361,8 @@ func (sc *Service) validate() error {
 		return fmt.Errorf("buffer sizes %d/%d: %w", sc.RecvBuffer, sc.SendBuffer, ErrConfig)
 	case sc.MaxSessions < 0 || sc.SessionIdle < 0 || sc.SessionMemory < 0 || (!sc.Transparent && (sc.MaxSessions != 0 || sc.SessionIdle != 0 || sc.SessionMemory != 0)):
 		return fmt.Errorf("max sessions %d, session idle %v, session memory %d (transparent mode only): %w", sc.MaxSessions, sc.SessionIdle, sc.SessionMemory, ErrConfig)
+	case sc.OriginalSource && !sc.Transparent:
+		return fmt.Errorf("original source needs transparent mode (no PPv2 header): %w", ErrConfig)
 	case sc.SessionIdle != 0 && sc.SessionIdle < MinSessionIdle:
 		return fmt.Errorf("session idle %v: want 0 (default %v) or at least %v: %w", sc.SessionIdle, DefaultSessionIdle, MinSessionIdle, ErrConfig)
 	case !sc.Listen.IsValid():
@@ -482,6 +493,14 @@ func (p *Pipeline) openServiceLocked(sc Service) (*service, error) {
 		closeAll(sc.Conns)
 		return nil, err
 	}
+	var orig *origSrc
+	if sc.OriginalSource {
+		var err error
+		if orig, err = newOrigSrc(sc, rc.Backends, p.log); err != nil {
+			closeAll(sc.Conns)
+			return nil, err
+		}
+	}
 	measured := rc.PublicAddr.Addr().IsUnspecified()
 	lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer,
 		PacketInfo: measured && sc.Listen.Addr().IsUnspecified()}
@@ -495,7 +514,7 @@ func (p *Pipeline) openServiceLocked(sc Service) (*service, error) {
 	if err != nil {
 		return nil, configErr(err)
 	}
-	s := &service{cfg: sc}
+	s := &service{cfg: sc, orig: orig}
 	p.warnBuffers(sc, "service", group[0])
 	if sc.Listen.Port() == 0 { // learn the port the kernel picked
 		port := group[0].LocalAddr().(*net.UDPAddr).AddrPort().Port()
@@ -604,7 +623,11 @@ func (p *Pipeline) newWorker(s *service, in, up *net.UDPConn) (*worker, error) {
 	rp := &replies{router: s.router, own: &p.own, out: w.in, stall: sc.stall, maxDatagram: cfg.MaxDatagram}
 	w.rp, w.lenLog, w.stall = rp, &s.lenLog, sc.stall
 	if sc.Transparent {
-		w.up = newSessionTable(rp, sc.MaxSessions, sc.SessionIdle, cfg.MaxDatagram)
+		t := newSessionTable(rp, sc.MaxSessions, sc.SessionIdle, cfg.MaxDatagram)
+		if s.orig != nil {
+			t.dial = s.orig.dial
+		}
+		w.up = t
 	} else {
 		if up == nil {
 			lc := udpio.ListenConfig{RecvBuffer: sc.RecvBuffer, SendBuffer: sc.SendBuffer}

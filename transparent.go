@@ -120,6 +120,9 @@ type sessionTable struct {
 	wg        sync.WaitGroup
 	stop      chan struct{}
 	stopOnce  sync.Once
+	// dial opens a session's socket: dialBackend, or original-source
+	// mode's dialOriginal.
+	dial func(f flow) (*net.UDPConn, error)
 }
 
 type session struct {
@@ -132,7 +135,7 @@ type session struct {
 
 func newSessionTable(rp *replies, maxSessions int, idle time.Duration, maxDatagram int) *sessionTable {
 	t := &sessionTable{rp: rp, max: maxSessions, idle: int64(idle), bufSize: maxDatagram,
-		table: map[flow]*session{}, stop: make(chan struct{})}
+		table: map[flow]*session{}, stop: make(chan struct{}), dial: dialBackend}
 	t.now.Store(time.Now().UnixNano())
 	return t
 }
@@ -171,7 +174,7 @@ func (t *sessionTable) session(f flow, local netip.Addr, now int64) (*session, R
 	if len(t.table) >= t.max && !t.evictLocked(now) {
 		return nil, SessionLimit
 	}
-	conn, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(f.backend))
+	conn, err := t.dial(f)
 	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
 		return nil, SessionLimit // out of file descriptors: a limit too
 	}
@@ -193,6 +196,12 @@ func (t *sessionTable) session(f flow, local netip.Addr, now int64) (*session, R
 		t.relay(s)
 	}()
 	return s, Forwarded
+}
+
+// dialBackend is transparent mode's session socket: an ephemeral port of
+// the proxy, connected to the backend.
+func dialBackend(f flow) (*net.UDPConn, error) {
+	return net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(f.backend))
 }
 
 // evictLocked makes room in a full table: it expires the sessions quiet

@@ -229,3 +229,15 @@ func TestValidateOwnBackends(t *testing.T) {
 	c := mustParse(t, withServices(`{"name": "a", "protocol": "dtls", "listen": "127.0.0.1:5684", "backends": [{"ordinal": 0, "address": "127.0.0.2:5684"}, {"ordinal": 1, "address": "127.0.0.1:5685"}]}`))
 	require.NoError(t, c.Validate(Options{}))
 }
+
+// TestBuildOriginalSource: "original_source" reaches the service
+// definition cidroute.New takes.
+func TestBuildOriginalSource(t *testing.T) {
+	c := mustParse(t, `{"services": [{`+svc+`, "proxy_protocol": false, "original_source": true}]}`)
+	regs, err := c.Build(Options{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer regs.Close()
+	d := regs.Services()[0]
+	require.True(t, d.Transparent)
+	require.True(t, d.OriginalSource)
+}

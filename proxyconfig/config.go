@@ -47,9 +47,10 @@ type fileService struct {
 	CIDNonceLength int              `json:"cid_nonce_length"` // cidkeys.go
 	CIDKeysFile    string           `json:"cid_keys_file"`    // cidkeys.go
 	ProxyProtocol  *bool            `json:"proxy_protocol"`
-	MaxSessions    int              `json:"max_sessions"`   // transparent mode only
-	SessionIdle    string           `json:"session_idle"`   // transparent mode only
-	SessionMemory  int64            `json:"session_memory"` // transparent mode only
+	OriginalSource bool             `json:"original_source"` // transparent mode only
+	MaxSessions    int              `json:"max_sessions"`    // transparent mode only
+	SessionIdle    string           `json:"session_idle"`    // transparent mode only
+	SessionMemory  int64            `json:"session_memory"`  // transparent mode only
 	Workers        int              `json:"workers"`
 	RecvBuffer     *int             `json:"recv_buffer"` // absent: DefaultRecvBuffer
 	SendBuffer     int              `json:"send_buffer"`
@@ -120,6 +121,10 @@ type Service struct {
 	// socket per client address, at most MaxSessions per worker, each
 	// expiring after SessionIdle (0 = the library defaults).
 	Transparent bool
+	// OriginalSource ("original_source"), in transparent mode: each
+	// session's socket sends with the client's own address as its source
+	// (cidroute.Service.OriginalSource).
+	OriginalSource bool
 	// MaxSessions ("max_sessions"): the transparent sessions per worker;
 	// 0 fits them to RLIMIT_NOFILE (cidroute.Service.MaxSessions).
 	MaxSessions int
@@ -417,7 +422,8 @@ func parseService(src *source, path string, maxDatagram int) (Service, error) {
 			"write 12 (the default), or 6-7 or 9-20")
 	}
 	s.Transparent = fs.ProxyProtocol != nil && !*fs.ProxyProtocol
-	for _, key := range []string{"max_sessions", "session_idle", "session_memory"} {
+	s.OriginalSource = fs.OriginalSource
+	for _, key := range []string{"original_source", "max_sessions", "session_idle", "session_memory"} {
 		if !s.Transparent && src.has(at(key)) {
 			return s, src.keyErr(at(key), "applies only in transparent mode", `add "proxy_protocol": false, or remove it`)
 		}

@@ -97,6 +97,11 @@ func TestParseConfigGood(t *testing.T) {
 			require.Equal(t, 1000, s.MaxSessions)
 			require.Equal(t, 30*time.Second, s.SessionIdle)
 		}},
+		{"original source", withServices(`{` + svc + `, "proxy_protocol": false, "original_source": true}`), func(t *testing.T, c *Config) {
+			s := c.Services[0]
+			require.True(t, s.Transparent)
+			require.True(t, s.OriginalSource)
+		}},
 		{"max age off", withServices(`{` + svc + `, "max_registry_age": "0s"}`), func(t *testing.T, c *Config) {
 			require.Zero(t, c.Services[0].MaxAge)
 		}},
@@ -166,6 +171,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"kubernetes typo", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"service": "x", "portname": "d"}}`), "portname"},
 		{"session settings without transparent mode", withServices(`{` + svc + `, "max_sessions": 10}`), `services[0].max_sessions: applies only in transparent mode; add "proxy_protocol": false, or remove it`},
 		{"bad session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "soon"}`), "session_idle"},
+		{"original source without transparent mode", withServices(`{` + svc + `, "original_source": true}`), `services[0].original_source: applies only in transparent mode; add "proxy_protocol": false, or remove it`},
 		{"negative max sessions", withServices(`{` + svc + `, "proxy_protocol": false, "max_sessions": -1}`), "max_sessions"},
 		{"negative workers", withServices(`{` + svc + `, "workers": -1}`), `services[0].workers: -1 is out of range; write 0 (one per CPU, the default) to 256`},
 		{"too many workers", withServices(`{` + svc + `, "workers": 257}`), `services[0].workers: 257 is out of range; write 0 (one per CPU, the default) to 256`},

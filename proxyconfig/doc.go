@@ -30,6 +30,7 @@
 //	    "cid_length": 8,                  // DTLS default 8, QUIC 12
 //	    "cid_codec": "quic-lb-encrypted", "cid_nonce_length": 6, "cid_keys_file": "keys.json",
 //	    "proxy_protocol": false,          // transparent mode; absent or true: PROXY v2 headers
+//	    "original_source": true,          // transparent mode only: backends see the client's address
 //	    "max_sessions": 0, "session_idle": "2m", // transparent mode only
 //	    "workers": 2, "max_registry_age": "30s",
 //	    "recv_buffer": 4194304, "send_buffer": 0, // bytes; 0 = the kernel's default; recv_buffer absent = 4 MiB

@@ -28,6 +28,7 @@ var wants = map[string]string{
 	"services[].cid_nonce_length": "4-18 (the CID is 2 + nonce octets)",
 	"services[].cid_keys_file":    `the path of the CID key file, such as "cid-keys.json"`,
 	"services[].proxy_protocol":   "true (a PROXY v2 header on each datagram, the default) or false (transparent mode)",
+	"services[].original_source":  "true (the client's own address as the source of what the backends receive; needs \"proxy_protocol\": false, CAP_NET_ADMIN and routing, see docs/original-source.md) or false (the default)",
 	"services[].max_sessions":     "0 (fit to RLIMIT_NOFILE, the default) or a number of sessions per worker",
 	"services[].session_memory":   "a number of bytes of at least 14336 (one session), such as 268435456 (256 MiB, the default)",
 	"services[].session_idle":     `a Go duration of at least "1s", such as "2m" (the default)`,

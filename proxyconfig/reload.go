@@ -148,6 +148,7 @@ func socketKeys(a, b Service) []string {
 		add(ae.KeysFile != be.KeysFile, "cid_keys_file")
 	}
 	add(a.Transparent != b.Transparent, "proxy_protocol")
+	add(a.OriginalSource != b.OriginalSource, "original_source")
 	add(a.MaxSessions != b.MaxSessions, "max_sessions")
 	add(a.SessionMemory != b.SessionMemory, "session_memory")
 	add(a.SessionIdle != b.SessionIdle, "session_idle")

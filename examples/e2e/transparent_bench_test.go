@@ -256,7 +256,7 @@ type transparentLoad struct {
 	wg               sync.WaitGroup
 }
 
-func newTransparentLoad(b *testing.B, proxy netip.AddrPort) *transparentLoad {
+func newTransparentLoad(b testing.TB, proxy netip.AddrPort) *transparentLoad {
 	ld := &transparentLoad{proxy: proxy, answered: make([]atomic.Bool, benchClients), wake: make(chan struct{}, 1)}
 	codec := dtls.OrdinalFirst{}
 	for i := range benchClients {
@@ -344,7 +344,7 @@ func (ld *transparentLoad) flush() {
 
 // establish sends one datagram per client until every client has had an
 // answer, so that every client address holds a session.
-func (ld *transparentLoad) establish(b *testing.B) {
+func (ld *transparentLoad) establish(b testing.TB) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ld.begin()

@@ -110,6 +110,8 @@ type proxyConfig struct {
 		CIDNonceLength int             `json:"cid_nonce_length"`
 		CIDKeysFile    string          `json:"cid_keys_file"`
 		ProxyProtocol  *bool           `json:"proxy_protocol"`
+		OriginalSource bool            `json:"original_source"`
+		SessionIdle    string          `json:"session_idle"`
 		Workers        int             `json:"workers"`
 		MaxRegistryAge string          `json:"max_registry_age"`
 		Backends       json.RawMessage `json:"backends"`
@@ -444,4 +446,83 @@ func checkCIDKeys(t *testing.T, objs []runtime.Object, codec, file string, dep *
 	args := sts.Spec.Template.Spec.Containers[0].Args
 	i := slices.Index(args, "-cid-keys")
 	require.True(t, i >= 0 && i+1 < len(args) && args[i+1] == file, "the backends read the proxies' key file: %q", args)
+}
+
+// TestOriginalSourceManifest: the original-source deployment
+// (examples/kubernetes/original-source, docs/original-source.md) decodes
+// strictly; its proxy runs on the node's network with CAP_NET_ADMIN, after
+// an init container that installs the return route for the backends' pod
+// network and port; its config is original-source mode on the backends'
+// headless Service; and the backends run on the proxy's nodes, whose
+// routing brings their replies back. registry/kubernetes/cluster's
+// TestOriginalSourceManifestDryRun has the API server accept it.
+func TestOriginalSourceManifest(t *testing.T) {
+	dir := filepath.Join(manifestsDir, "original-source")
+	if _, err := os.Stat(dir); err != nil {
+		if _, err := os.Stat("../../go.mod"); err == nil {
+			t.Fatalf("examples/kubernetes/original-source missing: %v", err)
+		}
+		t.Skip("not in the cidroute repository")
+	}
+	objs := loadManifests(t, dir)
+	ds := single[*appsv1.DaemonSet](t, objs)
+	sts := single[*appsv1.StatefulSet](t, objs)
+	svc := single[*corev1.Service](t, objs)
+	var cfgMap, routes *corev1.ConfigMap
+	for _, cm := range ofType[*corev1.ConfigMap](objs) {
+		if _, ok := cm.Data["config.json"]; ok {
+			cfgMap = cm
+		} else {
+			routes = cm
+		}
+	}
+	require.NotNil(t, cfgMap, "the proxy config")
+	require.NotNil(t, routes, "the return route's settings")
+
+	pod := ds.Spec.Template.Spec
+	require.True(t, pod.HostNetwork, "the proxy on the node's network, where replies come back")
+	require.Equal(t, ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels)
+	require.NotEmpty(t, pod.NodeSelector)
+	require.Equal(t, pod.NodeSelector, sts.Spec.Template.Spec.NodeSelector, "the backends on the proxy's nodes")
+	hasNetAdmin := func(c corev1.Container) bool {
+		sc := c.SecurityContext
+		return sc != nil && sc.Capabilities != nil && slices.Contains(sc.Capabilities.Add, "NET_ADMIN") &&
+			slices.Contains(sc.Capabilities.Drop, "ALL") && sc.RunAsUser != nil && *sc.RunAsUser == 0
+	}
+	require.Len(t, pod.InitContainers, 1)
+	init := pod.InitContainers[0]
+	require.True(t, hasNetAdmin(init), "the init container may change the node's routing, nothing more")
+	script := strings.Join(init.Args, " ")
+	require.Contains(t, script, `ip rule add priority 100 from "$BACKEND_CIDR" ipproto udp sport "$BACKEND_PORT" lookup "$ROUTE_TABLE"`)
+	require.Contains(t, script, `ip route replace local 0.0.0.0/0 dev lo table "$ROUTE_TABLE"`)
+	require.Len(t, init.EnvFrom, 1)
+	require.Equal(t, routes.Name, init.EnvFrom[0].ConfigMapRef.Name)
+	for _, k := range []string{"BACKEND_CIDR", "BACKEND_PORT", "ROUTE_TABLE"} {
+		require.NotEmpty(t, routes.Data[k], k)
+	}
+	proxy := pod.Containers[0]
+	require.True(t, hasNetAdmin(proxy), "IP_TRANSPARENT needs CAP_NET_ADMIN in the effective set: root with that one")
+	require.Equal(t, "cidproxy", pod.ServiceAccountName, "rbac.yaml's account: list and watch on EndpointSlices")
+
+	raw := cfgMap.Data["config.json"]
+	var cfg proxyConfig
+	dec := json.NewDecoder(strings.NewReader(raw))
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&cfg))
+	require.Len(t, cfg.Services, 1)
+	s := cfg.Services[0]
+	require.NotNil(t, s.ProxyProtocol)
+	require.False(t, *s.ProxyProtocol, "transparent mode")
+	require.True(t, s.OriginalSource)
+	require.NotNil(t, s.Kubernetes)
+	require.Equal(t, svc.Name, s.Kubernetes.Service)
+	require.Equal(t, svc.Namespace, s.Kubernetes.Namespace)
+	require.Equal(t, corev1.ClusterIPNone, svc.Spec.ClusterIP)
+	require.Len(t, svc.Spec.Ports, 1)
+	require.Equal(t, svc.Spec.Ports[0].Name, s.Kubernetes.PortName)
+	require.Equal(t, routes.Data["BACKEND_PORT"], strconv.Itoa(int(svc.Spec.Ports[0].Port)), "the rule names the backends' port")
+	require.Equal(t, svc.Name, sts.Spec.ServiceName)
+	require.True(t, labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(sts.Spec.Template.Labels)))
+	listenPort := s.Listen[strings.LastIndexByte(s.Listen, ':')+1:]
+	require.Equal(t, listenPort, strconv.Itoa(int(proxy.Ports[0].HostPort)), "devices reach the listen port on the node")
 }

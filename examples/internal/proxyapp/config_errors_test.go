@@ -89,6 +89,8 @@ var configMistakes = []struct {
 		`cidproxy.json:10:35: services[0].backends[0].address: 127.0.0.1:5684 is an address of this proxy (a service's listen or public address, or a host address at a wildcard listen's port): datagrams sent there would loop; write the backend's own address`},
 	{"session settings without transparent mode", `"cid_length": 8,`, `"cid_length": 8, "max_sessions": 1000,`, 0,
 		`cidproxy.json:8:24: services[0].max_sessions: applies only in transparent mode; add "proxy_protocol": false, or remove it`},
+	{"original source without transparent mode", `"cid_length": 8,`, `"cid_length": 8, "original_source": true,`, 0,
+		`cidproxy.json:8:24: services[0].original_source: applies only in transparent mode; add "proxy_protocol": false, or remove it`},
 	{"two services of one name", `    }
   ]`, `    },
     {"name": "coaps", "protocol": "quic", "listen": "127.0.0.1:443", "backends_file": "b.json"}
