@@ -30,6 +30,7 @@ var wants = map[string]string{
 	"services[].proxy_protocol":   "true (a PROXY v2 header on each datagram, the default) or false (transparent mode)",
 	"services[].max_sessions":     "0 (fit to RLIMIT_NOFILE, the default) or a number of sessions per worker",
 	"services[].session_memory":   "a number of bytes of at least 14336 (one session), such as 268435456 (256 MiB, the default)",
+	"services[].slow_start":       `"0s" (off, the default) or a Go duration from "10s" to "1h", such as "2m"`,
 	"services[].session_idle":     `a Go duration of at least "1s", such as "2m" (the default)`,
 	"services[].workers":          "0 (one per CPU, the default) to 256",
 	"services[].recv_buffer":      "0 (the kernel's default) to 1073741824 bytes (absent: 4194304)",
@@ -59,11 +60,12 @@ var wants = map[string]string{
 	"services[].health_check.fall":     "1-100 (default 3)",
 	"services[].health_check.rise":     "1-100 (default 2)",
 
-	"services[].backends[]":         `a backend object, such as {"ordinal": 0, "address": "10.0.0.10:5684"}`,
-	"services[].backends[].ordinal": "0-254",
-	"services[].backends[].address": `the backend's ip:port, such as "10.0.0.10:5684"`,
-	"services[].backends[].weight":  "1 or more (default 1)",
-	"services[].backends[].state":   `"ready" (the default), "draining" or "gone"`,
+	"services[].backends[]":             `a backend object, such as {"ordinal": 0, "address": "10.0.0.10:5684"}`,
+	"services[].backends[].ordinal":     "0-254",
+	"services[].backends[].address":     `the backend's ip:port, such as "10.0.0.10:5684"`,
+	"services[].backends[].weight":      "1 or more (default 1)",
+	"services[].backends[].state":       `"ready" (the default), "draining" or "gone"`,
+	"services[].backends[].ready_since": `when the backend became ready, an RFC 3339 time such as "2026-01-02T15:04:05Z" (for slow_start)`,
 }
 
 // want is what to write at path (a path in the file or in a backend list
