@@ -475,6 +475,11 @@ func parseService(src *source, path string, maxDatagram int) (Service, error) {
 		if fs.Kubernetes.Service == "" {
 			return fail("kubernetes.service", "missing", "add it: "+want(at("kubernetes.service")))
 		}
+		for _, key := range []string{"weight_annotation", "pod_selector"} {
+			if !fs.Kubernetes.WatchPods && src.has(at("kubernetes."+key)) {
+				return s, src.keyErr(at("kubernetes."+key), "applies only with \"watch_pods\": true", `add "watch_pods": true, or remove it`)
+			}
+		}
 	case src.has(at("backends")):
 		if s.Backends, err = parseBackends(src, at("backends")); err != nil {
 			return s, err
@@ -657,6 +662,15 @@ type Kubernetes struct {
 	Service    string `json:"service"`    // required
 	PortName   string `json:"port_name"`  // "" when the Service has one port
 	Kubeconfig string `json:"kubeconfig"` // "" = in-cluster configuration
+	// WatchPods ("watch_pods") reads each endpoint's Pod for its weight
+	// (WeightAnnotation) and its Ready time (for slow_start).
+	WatchPods bool `json:"watch_pods"`
+	// WeightAnnotation ("weight_annotation", with WatchPods) is the Pod
+	// annotation holding the weight; "" = cidroute.io/weight.
+	WeightAnnotation string `json:"weight_annotation"`
+	// PodSelector ("pod_selector", with WatchPods) is a label selector
+	// narrowing the Pod watch; "" = every Pod of the namespace.
+	PodSelector string `json:"pod_selector"`
 }
 
 func (k *Kubernetes) namespace() string {

@@ -168,6 +168,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"negative cid", withServices(`{` + svc + `, "cid_length": -8}`), `services[0].cid_length: -8 is not a DTLS CID length; write 5-255 (8 is usual), or leave the key out for 8`},
 		{"kubernetes and backends", withServices(`{` + svc + `, "kubernetes": {"service": "ds"}}`), "exactly one"},
 		{"kubernetes without service", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"namespace": "x"}}`), `services[0].kubernetes.service: missing; add it: the name of the Kubernetes Service, such as "dtls-backend"`},
+		{"weight annotation without pods", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"service": "x", "weight_annotation": "w"}}`), `services[0].kubernetes.weight_annotation: applies only with "watch_pods": true; add "watch_pods": true, or remove it`},
 		{"kubernetes typo", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"service": "x", "portname": "d"}}`), "portname"},
 		{"session settings without transparent mode", withServices(`{` + svc + `, "max_sessions": 10}`), `services[0].max_sessions: applies only in transparent mode; add "proxy_protocol": false, or remove it`},
 		{"bad session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "soon"}`), "session_idle"},

@@ -44,10 +44,13 @@ var wants = map[string]string{
 	"services[].unroutable":       `"drop" (the default) or "hash"`,
 	"services[].health_check":     `an object such as {"interval": "2s"}, or {} for the defaults`,
 
-	"services[].kubernetes.namespace":  `a namespace, such as "default" (the default)`,
-	"services[].kubernetes.service":    `the name of the Kubernetes Service, such as "dtls-backend"`,
-	"services[].kubernetes.port_name":  "the name of one of the Service's ports",
-	"services[].kubernetes.kubeconfig": "the path of a kubeconfig file, or leave the key out in a cluster",
+	"services[].kubernetes.namespace":         `a namespace, such as "default" (the default)`,
+	"services[].kubernetes.service":           `the name of the Kubernetes Service, such as "dtls-backend"`,
+	"services[].kubernetes.port_name":         "the name of one of the Service's ports",
+	"services[].kubernetes.kubeconfig":        "the path of a kubeconfig file, or leave the key out in a cluster",
+	"services[].kubernetes.watch_pods":        "true or false (the default)",
+	"services[].kubernetes.weight_annotation": `a Pod annotation key, such as "cidroute.io/weight" (the default)`,
+	"services[].kubernetes.pod_selector":      `a label selector of the backends' Pods, such as "app=dtls-backend"`,
 
 	"services[].limits.global_pps":     "0 (off, the default) or datagrams per second",
 	"services[].limits.per_source_pps": "0 (off, the default) or datagrams per second",
