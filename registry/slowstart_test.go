@@ -85,6 +85,10 @@ func TestSlowStartRamps(t *testing.T) {
 		r.rampStep() // what the timer does at each step's start
 		s := r.Snapshot()
 		equal(t, s.Permille(4), step.permille, "at %v", step.at)
+		for o := range uint8(5) { // CID routes: every backend serves, ramping or not
+			_, ok := s.Serving(o)
+			truth(t, ok, "at %v: ordinal %d not serving", step.at, o)
+		}
 		w := 2 * float64(step.permille) / 1000
 		want := w / (4 + w)
 		got := pickAll(t, s, keys)
