@@ -3,12 +3,18 @@ package piondtls
 import (
 	"context"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 
 	pion "github.com/pion/dtls/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cidroute/cidroute"
+	"github.com/cidroute/cidroute/cidroutetest"
+	"github.com/cidroute/cidroute/ppv2/backend"
+	"github.com/cidroute/cidroute/registry"
 )
 
 // SessionIdle: a session silent for longer is closed (the server's Read
@@ -108,4 +114,56 @@ func TestIdleConfigErrors(t *testing.T) {
 	pl, err := NewPacketListener(bc, Config{SessionIdle: MaxIdle, MaxSessions: 10})
 	require.NoError(t, err, "the limits themselves")
 	pl.Close()
+}
+
+// Transparent mode's idle expiry is a NAT rebinding to the backend: a CID
+// session silent past the proxy's SessionIdle loses its upstream socket,
+// and its next record opens a new one, from a new port, which pion
+// authenticates by the CID and moves the session to. No handshake, no
+// loss beyond the first reply (see docs/backends.md, "Known pion issue").
+func TestTransparentExpiryIsARebinding(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	bc, err := backend.New(udp, backend.Config{Protocol: backend.DTLS}) // no PPv2: every datagram direct
+	require.NoError(t, err)
+	gen, err := Generator(0, 0)
+	require.NoError(t, err)
+	cfg := pskConfig()
+	cfg.ConnectionIDGenerator = gen
+	ln, err := ListenConfig(bc, Config{SessionIdle: time.Hour}, cfg)
+	require.NoError(t, err)
+	e := serveEcho(t, ln, bc)
+	px := cidroutetest.Start(t, 42, cidroute.Service{
+		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, PublicAddr: publicAddr, Transparent: true},
+		SessionIdle:  time.Second,
+	}, registry.Backend{Ordinal: 0, Addr: bc.LocalAddr().(*net.UDPAddr).AddrPort()})
+	c := dial(t, ctx, newSwitchConn(t, px.Addr))
+	assert.Equal(t, "0|before", ask(t, c, "before"))
+	sessions := func() int { return px.Pipeline.Stats()[0].Sessions }
+	require.Equal(t, 1, sessions())
+	first := routeOf(t, ln)
+
+	require.Eventually(t, func() bool { return sessions() == 0 }, 10*time.Second, 50*time.Millisecond, "the transparent session expires")
+	assert.Equal(t, "0|after", ask(t, c, "after"))
+	assert.Equal(t, 1, sessions(), "a new upstream socket")
+	second := routeOf(t, ln)
+	assert.NotEqual(t, first.Port(), second.Port(), "the backend sees a new source port")
+	st := e.ln.Stats()
+	assert.Equal(t, uint64(1), st.NewSessions, "the same DTLS session, no new handshake")
+	assert.Equal(t, 1, st.Sessions)
+}
+
+// routeOf returns the client address the listener's only session is keyed
+// by (in transparent mode, the proxy's upstream socket).
+func routeOf(t *testing.T, ln *Listener) netip.AddrPort {
+	t.Helper()
+	ln.pl.mu.Lock()
+	defer ln.pl.mu.Unlock()
+	require.Len(t, ln.pl.byClient, 1)
+	for a := range ln.pl.byClient {
+		return a
+	}
+	return netip.AddrPort{}
 }
