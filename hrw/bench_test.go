@@ -76,3 +76,20 @@ func BenchmarkNew(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkNewSlowStart: a table with one candidate in slow start costs
+// what one without does (the weights are scaled, the merge is the same).
+func BenchmarkNewSlowStart(b *testing.B) {
+	for _, n := range []int{3, 32, 254} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			cands := mixedCands(n)
+			cands[n-1].Permille = 100
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := New(42, cands); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

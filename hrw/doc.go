@@ -23,7 +23,9 @@
 // Buckets. A key's bucket is XXH64(key, seed) >> 50, the top BucketBits = 14
 // bits; Pick returns the owner of that bucket. The owners are chosen by
 // weighted rendezvous hashing over the candidates (a weight of 0 counts as
-// 1), as follows.
+// 1), as follows. When a candidate has a Permille from 1 to 999, every
+// weight w below is Weight·Permille (Weight·1000 for the others): the same
+// owners as weights in those proportions, exactly.
 //
 // Streams. A candidate with ordinal o emits points k = 0, 1, 2, …:
 //

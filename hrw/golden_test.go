@@ -26,11 +26,11 @@ var goldenSets = []struct {
 	seed  uint64
 	cands []Candidate
 }{
-	{"one", 0, []Candidate{{0, 1}}},
+	{"one", 0, []Candidate{{Ordinal: 0, Weight: 1}}},
 	{"empty", 0, nil},
-	{"w123", 0, []Candidate{{0, 1}, {1, 2}, {2, 3}}},
-	{"w123-seeded", 0x0123456789abcdef, []Candidate{{0, 1}, {1, 2}, {2, 3}}},
-	{"sparse", 42, []Candidate{{7, 1}, {200, math.MaxUint32}, {254, 1000}, {100, 5}}},
+	{"w123", 0, []Candidate{{Ordinal: 0, Weight: 1}, {Ordinal: 1, Weight: 2}, {Ordinal: 2, Weight: 3}}},
+	{"w123-seeded", 0x0123456789abcdef, []Candidate{{Ordinal: 0, Weight: 1}, {Ordinal: 1, Weight: 2}, {Ordinal: 2, Weight: 3}}},
+	{"sparse", 42, []Candidate{{Ordinal: 7, Weight: 1}, {Ordinal: 200, Weight: math.MaxUint32}, {Ordinal: 254, Weight: 1000}, {Ordinal: 100, Weight: 5}}},
 	{"mixed32", 1, mixedCands(32)},
 	{"mixed254", math.MaxUint64, mixedCands(254)},
 }
@@ -69,7 +69,7 @@ func parseCands(s string) ([]Candidate, error) {
 		if err != nil {
 			return nil, err
 		}
-		cs = append(cs, Candidate{uint8(on), uint32(wn)})
+		cs = append(cs, Candidate{Ordinal: uint8(on), Weight: uint32(wn)})
 	}
 	return cs, nil
 }

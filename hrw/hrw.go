@@ -38,6 +38,8 @@ var (
 	ErrDuplicateOrdinal = errors.New("hrw: duplicate ordinal")
 	// ErrTooManyCandidates reports more candidates than there are ordinals.
 	ErrTooManyCandidates = errors.New("hrw: too many candidates")
+	// ErrPermille reports a Candidate.Permille above 1000.
+	ErrPermille = errors.New("hrw: permille above 1000")
 )
 
 // A Candidate is one backend that keys may be assigned to.
@@ -47,6 +49,14 @@ type Candidate struct {
 	// default, as a registry.Backend's weight 0 does: no weight means "no
 	// new sessions"; leave such a candidate out (a draining backend).
 	Weight uint32
+	// Permille, from 1 to 999, makes the candidate count with that many
+	// thousandths of its Weight, as a backend in slow start does; 0 and
+	// 1000 mean all of it. Every score stays exact (the weights are
+	// scaled by 1000, not divided), so raising a candidate's Permille
+	// moves keys only to it, as raising its Weight does, and a table
+	// whose candidates all count fully is the one New builds without
+	// Permille.
+	Permille uint16
 }
 
 // A Table maps keys to candidates by weighted rendezvous hashing, through a
@@ -68,6 +78,7 @@ func New(seed uint64, cands []Candidate) (*Table, error) {
 	}
 	var seen [256]bool
 	act := make([]stream, 0, len(cands))
+	partial := false
 	for _, c := range cands {
 		if c.Ordinal > MaxOrdinal {
 			return nil, fmt.Errorf("candidate %d: %w", c.Ordinal, ErrReservedOrdinal)
@@ -75,8 +86,23 @@ func New(seed uint64, cands []Candidate) (*Table, error) {
 		if seen[c.Ordinal] {
 			return nil, fmt.Errorf("candidate %d: %w", c.Ordinal, ErrDuplicateOrdinal)
 		}
+		if c.Permille > 1000 {
+			return nil, fmt.Errorf("candidate %d: %d: %w", c.Ordinal, c.Permille, ErrPermille)
+		}
 		seen[c.Ordinal] = true
+		partial = partial || c.Permille != 0 && c.Permille != 1000
 		act = append(act, stream{ord: c.Ordinal, w: uint64(max(c.Weight, 1))})
+	}
+	if partial {
+		// Scores compare as tau_a·w_b < tau_b·w_a in 128 bits, so scaling
+		// every weight by 1000 changes no owner; weights stay below 2^42.
+		for i, c := range cands {
+			p := uint64(c.Permille)
+			if p == 0 {
+				p = 1000
+			}
+			act[i].w *= p
+		}
 	}
 	t := &Table{seed: seed, n: len(act)}
 	if len(act) > 0 {

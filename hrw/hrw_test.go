@@ -74,7 +74,7 @@ func TestPickBasics(t *testing.T) {
 		t.Fatal("ok on empty table")
 	}
 
-	tb, err = New(1, []Candidate{{9, 5}})
+	tb, err = New(1, []Candidate{{Ordinal: 9, Weight: 5}})
 	must(t, err)
 	if tb.Len() != 1 {
 		t.Fatalf("Len = %d", tb.Len())
@@ -84,11 +84,11 @@ func TestPickBasics(t *testing.T) {
 		t.Fatalf("Pick = %d, %v; want 9, true", o, ok)
 	}
 
-	_, err = New(1, []Candidate{{255, 1}})
+	_, err = New(1, []Candidate{{Ordinal: 255, Weight: 1}})
 	if !errors.Is(err, ErrReservedOrdinal) {
 		t.Fatalf("err = %v, want ErrReservedOrdinal", err)
 	}
-	_, err = New(1, []Candidate{{1, 1}, {2, 1}, {1, 0}})
+	_, err = New(1, []Candidate{{Ordinal: 1, Weight: 1}, {Ordinal: 2, Weight: 1}, {Ordinal: 1, Weight: 0}})
 	if !errors.Is(err, ErrDuplicateOrdinal) {
 		t.Fatalf("err = %v, want ErrDuplicateOrdinal", err)
 	}
@@ -113,7 +113,7 @@ func TestAppendAddr(t *testing.T) {
 }
 
 func TestNoAllocs(t *testing.T) {
-	tb, err := New(7, []Candidate{{0, 1}, {1, 2}, {2, 3}})
+	tb, err := New(7, []Candidate{{Ordinal: 0, Weight: 1}, {Ordinal: 1, Weight: 2}, {Ordinal: 2, Weight: 3}})
 	must(t, err)
 	key := []byte("0123456789abcdef0123456789abcdef0123")
 	c := netip.MustParseAddrPort("198.51.100.7:40000")

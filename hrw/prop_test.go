@@ -2,6 +2,7 @@ package hrw
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
 	"math/bits"
 	"math/rand/v2"
@@ -137,11 +138,11 @@ func TestTableMatchesReference(t *testing.T) {
 		seed  uint64
 		cands []Candidate
 	}{
-		{0, []Candidate{{0, 1}}},
-		{1, []Candidate{{2, 3}, {0, 1}, {1, 2}}},
-		{0xfeedface, []Candidate{{7, 1}, {200, math.MaxUint32}, {3, 0}, {254, 1000}}},
-		{42, []Candidate{{5, math.MaxUint32}, {6, math.MaxUint32}, {9, math.MaxUint32 - 1}}},
-		{math.MaxUint64, []Candidate{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}}},
+		{0, []Candidate{{Ordinal: 0, Weight: 1}}},
+		{1, []Candidate{{Ordinal: 2, Weight: 3}, {Ordinal: 0, Weight: 1}, {Ordinal: 1, Weight: 2}}},
+		{0xfeedface, []Candidate{{Ordinal: 7, Weight: 1}, {Ordinal: 200, Weight: math.MaxUint32}, {Ordinal: 3, Weight: 0}, {Ordinal: 254, Weight: 1000}}},
+		{42, []Candidate{{Ordinal: 5, Weight: math.MaxUint32}, {Ordinal: 6, Weight: math.MaxUint32}, {Ordinal: 9, Weight: math.MaxUint32 - 1}}},
+		{math.MaxUint64, []Candidate{{Ordinal: 0, Weight: 1}, {Ordinal: 1, Weight: 1}, {Ordinal: 2, Weight: 1}, {Ordinal: 3, Weight: 1}, {Ordinal: 4, Weight: 1}}},
 	}
 	for i, s := range sets {
 		tb := mustNew(t, s.seed, s.cands)
@@ -175,7 +176,7 @@ func shares(p []uint8) map[uint8]float64 {
 func TestWeightShares(t *testing.T) {
 	keys := testKeys(100000)
 	for _, seed := range []uint64{0, 1, 0xabcdef} {
-		tb := mustNew(t, seed, []Candidate{{0, 1}, {1, 2}, {2, 3}})
+		tb := mustNew(t, seed, []Candidate{{Ordinal: 0, Weight: 1}, {Ordinal: 1, Weight: 2}, {Ordinal: 2, Weight: 3}})
 		sh := shares(picks(t, tb, keys))
 		for o, want := range map[uint8]float64{0: 1. / 6, 1: 2. / 6, 2: 3. / 6} {
 			if d := sh[o] - want; math.Abs(d) > 0.02 {
@@ -184,7 +185,7 @@ func TestWeightShares(t *testing.T) {
 		}
 	}
 	// Large weights behave like small ones: no cost and no bias per unit.
-	tb := mustNew(t, 5, []Candidate{{0, 1_000_000}, {1, 2_000_000}, {2, 3_000_000}})
+	tb := mustNew(t, 5, []Candidate{{Ordinal: 0, Weight: 1_000_000}, {Ordinal: 1, Weight: 2_000_000}, {Ordinal: 2, Weight: 3_000_000}})
 	sh := shares(picks(t, tb, keys))
 	if math.Abs(sh[2]-0.5) > 0.02 {
 		t.Errorf("weights ×1e6: share of 2 = %.4f", sh[2])
@@ -377,5 +378,51 @@ func TestPickAddrsIsPickOfKey(t *testing.T) {
 		if got, _ := tb.PickAddrs(c, s); got != want {
 			t.Fatalf("%v: PickAddrs %d, Pick %d", c, got, want)
 		}
+	}
+}
+
+// Permille is exact: a part of a weight is the same table as the weights
+// in those proportions, counting fully is the table without Permille, and
+// ramping a candidate up (10%, 50%, 100%) moves keys only to it, each step
+// giving it about its share.
+func TestPermille(t *testing.T) {
+	keys := testKeys(100000)
+	half := mustNew(t, 3, []Candidate{{Ordinal: 0, Weight: 3}, {Ordinal: 1, Weight: 2, Permille: 500}, {Ordinal: 2, Weight: 2}})
+	whole := mustNew(t, 3, []Candidate{{Ordinal: 0, Weight: 6}, {Ordinal: 1, Weight: 2}, {Ordinal: 2, Weight: 4}})
+	if half.owner != whole.owner {
+		t.Fatal("Weight 2 at 500‰ beside 3 and 2 is not the table of 6, 2, 4")
+	}
+	full := mustNew(t, 3, []Candidate{{Ordinal: 0, Weight: 3, Permille: 1000}, {Ordinal: 1, Weight: 2, Permille: 1000}, {Ordinal: 2, Weight: 2}})
+	plain := mustNew(t, 3, []Candidate{{Ordinal: 0, Weight: 3}, {Ordinal: 1, Weight: 2}, {Ordinal: 2, Weight: 2}})
+	if full.owner != plain.owner {
+		t.Fatal("1000‰ is not the plain table")
+	}
+	if _, err := New(3, []Candidate{{Ordinal: 0, Permille: 1001}}); !errors.Is(err, ErrPermille) {
+		t.Fatalf("1001‰: %v", err)
+	}
+
+	cands := mixedCands(6)
+	var prev []uint8
+	for _, p := range []uint16{100, 500, 1000} {
+		cands[5].Permille = p
+		got := picks(t, mustNew(t, 4, cands), keys)
+		var sum float64
+		for _, c := range cands {
+			w := float64(max(c.Weight, 1))
+			if c.Ordinal == 5 {
+				w *= float64(p) / 1000
+			}
+			sum += w
+		}
+		want := float64(max(cands[5].Weight, 1)) * float64(p) / 1000 / sum
+		if sh := shares(got)[5]; math.Abs(sh-want) > 0.015 {
+			t.Errorf("%d‰: share %.4f, want %.4f ± 0.015", p, sh, want)
+		}
+		for i := range prev {
+			if got[i] != prev[i] && got[i] != 5 {
+				t.Fatalf("%d‰: key %d moved %d → %d, not to the ramping 5", p, i, prev[i], got[i])
+			}
+		}
+		prev = got
 	}
 }

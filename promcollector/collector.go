@@ -91,7 +91,10 @@ var (
 		"Backend updates refused: invalid lists (duplicate ordinals or addresses, empty, ...) and backend files that could not be read or decoded.",
 		[]string{"service"}, nil)
 	descVersion = prometheus.NewDesc("cidroute_registry_snapshot_version",
-		"Version of the current registry snapshot; it grows by one with each accepted update.",
+		"Version of the current registry snapshot; it grows by one with each accepted update, health change and slow-start step.",
+		[]string{"service"}, nil)
+	descSlowStart = prometheus.NewDesc("cidroute_registry_slow_starting_backends",
+		"Ready backends whose share of new sessions is still ramping up (slow_start).",
 		[]string{"service"}, nil)
 	descProbes = prometheus.NewDesc("cidroute_probes_total",
 		"Health probes sent to a backend (a DTLS ClientHello or a QUIC reserved-version packet under a PPv2 LOCAL header), by result: ok, timeout, refused (ICMP port unreachable), bad_answer (not the protocol's answer), error (not sent).",
@@ -119,7 +122,7 @@ var (
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDatagrams, descReceived, descSessions, descSessionsMax,
-		descEvicted, descBackends, descAge, descStale, descRejected, descVersion, descProbes, descProbeUp, descProbeRTT,
+		descEvicted, descBackends, descAge, descStale, descRejected, descVersion, descSlowStart, descProbes, descProbeUp, descProbeRTT,
 		descKernelDrops, descQueued, descQueueLimit, descBatch} {
 		ch <- d
 	}
@@ -211,6 +214,7 @@ func registryMetrics(ch chan<- prometheus.Metric, name string, st registry.Stats
 	ch <- gauge(descStale, stale, name)
 	ch <- counter(descRejected, float64(st.Rejections), name)
 	ch <- gauge(descVersion, float64(st.Version), name)
+	ch <- gauge(descSlowStart, float64(st.SlowStarting), name)
 }
 
 func probeMetrics(ch chan<- prometheus.Metric, name string, st health.Stats) {

@@ -18,6 +18,7 @@
 //	cidroute_registry_stale{service}
 //	cidroute_registry_rejected_updates_total{service}
 //	cidroute_registry_snapshot_version{service}
+//	cidroute_registry_slow_starting_backends{service}
 //	cidroute_probes_total{service, ordinal, result}
 //	cidroute_backend_probe_up{service, ordinal}
 //	cidroute_probe_duration_seconds{service} (a histogram)

@@ -17,6 +17,9 @@ type fileBackend struct {
 	Address *string `json:"address"`
 	Weight  *int64  `json:"weight"`
 	State   *string `json:"state"`
+	// ReadySince is when the backend became ready (RFC 3339), for
+	// slow_start.
+	ReadySince *string `json:"ready_since"`
 }
 
 // parseBackends decodes and validates the backend list at path. The
@@ -81,6 +84,11 @@ func parseBackends(src *source, path string) ([]registry.Backend, error) {
 		if fb.State != nil {
 			if b.State, err = registry.ParseState(*fb.State); err != nil {
 				return nil, src.wrap(at("state"), err, fmt.Sprintf("%q is not a state", *fb.State), "write "+want(at("state")))
+			}
+		}
+		if fb.ReadySince != nil {
+			if b.ReadySince, err = registry.ParseReadySince(*fb.ReadySince); err != nil {
+				return nil, src.wrap(at("ready_since"), err, fmt.Sprintf("%q is not an RFC 3339 time", *fb.ReadySince), "write "+want(at("ready_since")))
 			}
 		}
 		if j, dup := ordinals[b.Ordinal]; dup {

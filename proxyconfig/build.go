@@ -207,7 +207,7 @@ func (c *Config) Build(o Options) (*Registries, error) {
 // build makes what Build makes for sc, a service of c, which may be nil
 // (AddService): it positions the errors in c's file.
 func (r *Registries) build(c *Config, sc Service, o Options, log *slog.Logger) (_ *service, _ cidroute.Service, err error) {
-	reg, err := registry.New(registry.Config{Service: sc.Name, Seed: r.seed, MaxAge: sc.MaxAge, Logger: log})
+	reg, err := registry.New(registry.Config{Service: sc.Name, Seed: r.seed, MaxAge: sc.MaxAge, SlowStart: sc.SlowStart, Logger: log})
 	if err != nil {
 		return nil, cidroute.Service{}, err
 	}

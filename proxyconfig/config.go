@@ -56,6 +56,7 @@ type fileService struct {
 	SendBuffer     int              `json:"send_buffer"`
 	EarlyDrop      bool             `json:"early_drop"`
 	MaxRegistryAge string           `json:"max_registry_age"`
+	SlowStart      string           `json:"slow_start"`
 	Backends       json.RawMessage  `json:"backends"` // registry.DecodeBackends format
 	BackendsFile   string           `json:"backends_file"`
 	Kubernetes     *Kubernetes      `json:"kubernetes"`
@@ -144,6 +145,9 @@ type Service struct {
 	// ordinal-first codec only.
 	EarlyDrop bool
 	MaxAge    time.Duration // max_registry_age; 0 = never stale
+	// SlowStart ("slow_start"): registry.Config.SlowStart, the ramp of a
+	// newly ready backend's share of new sessions; 0 = off.
+	SlowStart time.Duration
 	// At most one of Backends (a static list, validated), BackendsFile
 	// (an absolute path, or relative to the working directory) and
 	// Kubernetes (the Service whose EndpointSlices are the backends,
@@ -472,6 +476,12 @@ func parseService(src *source, path string, maxDatagram int) (Service, error) {
 	if s.MaxAge, err = parseDuration(src, at("max_registry_age"), fs.MaxRegistryAge, minRegistryAge, true); err != nil {
 		return s, err
 	}
+	if s.SlowStart, err = parseDuration(src, at("slow_start"), fs.SlowStart, registry.MinSlowStart, true); err != nil {
+		return s, err
+	}
+	if s.SlowStart > registry.MaxSlowStart {
+		return fail("slow_start", fmt.Sprintf("%q is more than %v", fs.SlowStart, registry.MaxSlowStart), "write "+want(at("slow_start")))
+	}
 	var given []string // in the file's order
 	for _, key := range []string{"backends", "backends_file", "kubernetes"} {
 		if src.has(at(key)) {
@@ -486,6 +496,11 @@ func parseService(src *source, path string, maxDatagram int) (Service, error) {
 	case fs.Kubernetes != nil:
 		if fs.Kubernetes.Service == "" {
 			return fail("kubernetes.service", "missing", "add it: "+want(at("kubernetes.service")))
+		}
+		for _, key := range []string{"weight_annotation", "pod_selector"} {
+			if !fs.Kubernetes.WatchPods && src.has(at("kubernetes."+key)) {
+				return s, src.keyErr(at("kubernetes."+key), "applies only with \"watch_pods\": true", `add "watch_pods": true, or remove it`)
+			}
 		}
 	case src.has(at("backends")):
 		if s.Backends, err = parseBackends(src, at("backends")); err != nil {
@@ -582,6 +597,9 @@ func (c *Config) Summary() string {
 		if s.MaxAge > 0 {
 			fmt.Fprintf(&b, ", max age %v", s.MaxAge)
 		}
+		if s.SlowStart > 0 {
+			fmt.Fprintf(&b, ", slow start %v", s.SlowStart)
+		}
 		if s.Limits != (cidroute.Limits{}) {
 			b.WriteString(", limits on")
 		}
@@ -666,6 +684,15 @@ type Kubernetes struct {
 	Service    string `json:"service"`    // required
 	PortName   string `json:"port_name"`  // "" when the Service has one port
 	Kubeconfig string `json:"kubeconfig"` // "" = in-cluster configuration
+	// WatchPods ("watch_pods") reads each endpoint's Pod for its weight
+	// (WeightAnnotation) and its Ready time (for slow_start).
+	WatchPods bool `json:"watch_pods"`
+	// WeightAnnotation ("weight_annotation", with WatchPods) is the Pod
+	// annotation holding the weight; "" = cidroute.io/weight.
+	WeightAnnotation string `json:"weight_annotation"`
+	// PodSelector ("pod_selector", with WatchPods) is a label selector
+	// narrowing the Pod watch; "" = every Pod of the namespace.
+	PodSelector string `json:"pod_selector"`
 }
 
 func (k *Kubernetes) namespace() string {

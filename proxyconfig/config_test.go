@@ -112,6 +112,11 @@ func TestParseConfigGood(t *testing.T) {
 			require.Equal(t, cidroute.UnroutableDrop, c.Services[1].Unroutable)
 			require.Equal(t, cidroute.UnroutableDrop, c.Services[2].Unroutable, "drop by default")
 		}},
+		{"slow start", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "slow_start": "2m", "backends": [{"ordinal": 1, "address": "1.1.1.1:1", "ready_since": "2026-01-02T16:04:05+01:00"}]}`), func(t *testing.T, c *Config) {
+			require.Equal(t, 2*time.Minute, c.Services[0].SlowStart)
+			require.Equal(t, time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC), c.Services[0].Backends[0].ReadySince)
+			require.Contains(t, c.Summary(), "slow start 2m0s")
+		}},
 		{"duration bounds", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "1s", "max_registry_age": "3s"}`), func(t *testing.T, c *Config) {
 			require.Equal(t, time.Second, c.Services[0].SessionIdle)
 			require.Equal(t, 3*time.Second, c.Services[0].MaxAge)
@@ -168,6 +173,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"negative cid", withServices(`{` + svc + `, "cid_length": -8}`), `services[0].cid_length: -8 is not a DTLS CID length; write 5-255 (8 is usual), or leave the key out for 8`},
 		{"kubernetes and backends", withServices(`{` + svc + `, "kubernetes": {"service": "ds"}}`), "exactly one"},
 		{"kubernetes without service", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"namespace": "x"}}`), `services[0].kubernetes.service: missing; add it: the name of the Kubernetes Service, such as "dtls-backend"`},
+		{"weight annotation without pods", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"service": "x", "weight_annotation": "w"}}`), `services[0].kubernetes.weight_annotation: applies only with "watch_pods": true; add "watch_pods": true, or remove it`},
 		{"kubernetes typo", withServices(`{"name": "k", "protocol": "dtls", "listen": "0.0.0.0:1", "kubernetes": {"service": "x", "portname": "d"}}`), "portname"},
 		{"session settings without transparent mode", withServices(`{` + svc + `, "max_sessions": 10}`), `services[0].max_sessions: applies only in transparent mode; add "proxy_protocol": false, or remove it`},
 		{"bad session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "soon"}`), "session_idle"},
@@ -219,6 +225,9 @@ func TestParseConfigBad(t *testing.T) {
 		// Durations have lower bounds.
 		{"tiny session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "3ns"}`), `services[0].session_idle: "3ns" is less than 1s; write a Go duration of at least "1s", such as "2m" (the default)`},
 		{"tiny registry age", withServices(`{` + svc + `, "max_registry_age": "4ns"}`), `services[0].max_registry_age: "4ns" is less than 3s; write "0s" (off, the default) or a Go duration of at least "3s", such as "30s"`},
+		{"tiny slow start", withServices(`{` + svc + `, "slow_start": "1s"}`), `services[0].slow_start: "1s" is less than 10s; write "0s" (off, the default) or a Go duration from "10s" to "1h", such as "2m"`},
+		{"long slow start", withServices(`{` + svc + `, "slow_start": "2h"}`), `services[0].slow_start: "2h" is more than 1h0m0s; write "0s" (off, the default) or a Go duration from "10s" to "1h", such as "2m"`},
+		{"bad ready since", withServices(`{"name": "a", "protocol": "dtls", "listen": "1.2.3.4:5", "backends": [{"ordinal": 1, "address": "1.1.1.1:1", "ready_since": "yesterday"}]}`), `services[0].backends[0].ready_since: "yesterday" is not an RFC 3339 time; write when the backend became ready, an RFC 3339 time such as "2026-01-02T15:04:05Z" (for slow_start)`},
 		{"zero session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "0s"}`), `services[0].session_idle: "0s" is less than 1s; write a Go duration of at least "1s", such as "2m" (the default)`},
 	}
 	for _, tt := range tests {

@@ -31,6 +31,7 @@ var wants = map[string]string{
 	"services[].original_source":  "true (the client's own address as the source of what the backends receive; needs \"proxy_protocol\": false, CAP_NET_ADMIN and routing, see docs/original-source.md) or false (the default)",
 	"services[].max_sessions":     "0 (fit to RLIMIT_NOFILE, the default) or a number of sessions per worker",
 	"services[].session_memory":   "a number of bytes of at least 14336 (one session), such as 268435456 (256 MiB, the default)",
+	"services[].slow_start":       `"0s" (off, the default) or a Go duration from "10s" to "1h", such as "2m"`,
 	"services[].session_idle":     `a Go duration of at least "1s", such as "2m" (the default)`,
 	"services[].workers":          "0 (one per CPU, the default) to 256",
 	"services[].recv_buffer":      "0 (the kernel's default) to 1073741824 bytes (absent: 4194304)",
@@ -44,10 +45,13 @@ var wants = map[string]string{
 	"services[].unroutable":       `"drop" (the default) or "hash"`,
 	"services[].health_check":     `an object such as {"interval": "2s"}, or {} for the defaults`,
 
-	"services[].kubernetes.namespace":  `a namespace, such as "default" (the default)`,
-	"services[].kubernetes.service":    `the name of the Kubernetes Service, such as "dtls-backend"`,
-	"services[].kubernetes.port_name":  "the name of one of the Service's ports",
-	"services[].kubernetes.kubeconfig": "the path of a kubeconfig file, or leave the key out in a cluster",
+	"services[].kubernetes.namespace":         `a namespace, such as "default" (the default)`,
+	"services[].kubernetes.service":           `the name of the Kubernetes Service, such as "dtls-backend"`,
+	"services[].kubernetes.port_name":         "the name of one of the Service's ports",
+	"services[].kubernetes.kubeconfig":        "the path of a kubeconfig file, or leave the key out in a cluster",
+	"services[].kubernetes.watch_pods":        "true or false (the default)",
+	"services[].kubernetes.weight_annotation": `a Pod annotation key, such as "cidroute.io/weight" (the default)`,
+	"services[].kubernetes.pod_selector":      `a label selector of the backends' Pods, such as "app=dtls-backend"`,
 
 	"services[].limits.global_pps":     "0 (off, the default) or datagrams per second",
 	"services[].limits.per_source_pps": "0 (off, the default) or datagrams per second",
@@ -60,11 +64,12 @@ var wants = map[string]string{
 	"services[].health_check.fall":     "1-100 (default 3)",
 	"services[].health_check.rise":     "1-100 (default 2)",
 
-	"services[].backends[]":         `a backend object, such as {"ordinal": 0, "address": "10.0.0.10:5684"}`,
-	"services[].backends[].ordinal": "0-254",
-	"services[].backends[].address": `the backend's ip:port, such as "10.0.0.10:5684"`,
-	"services[].backends[].weight":  "1 or more (default 1)",
-	"services[].backends[].state":   `"ready" (the default), "draining" or "gone"`,
+	"services[].backends[]":             `a backend object, such as {"ordinal": 0, "address": "10.0.0.10:5684"}`,
+	"services[].backends[].ordinal":     "0-254",
+	"services[].backends[].address":     `the backend's ip:port, such as "10.0.0.10:5684"`,
+	"services[].backends[].weight":      "1 or more (default 1)",
+	"services[].backends[].state":       `"ready" (the default), "draining" or "gone"`,
+	"services[].backends[].ready_since": `when the backend became ready, an RFC 3339 time such as "2026-01-02T15:04:05Z" (for slow_start)`,
 }
 
 // want is what to write at path (a path in the file or in a backend list

@@ -157,6 +157,7 @@ func socketKeys(a, b Service) []string {
 	add(a.SendBuffer != b.SendBuffer, "send_buffer")
 	add(a.EarlyDrop != b.EarlyDrop, "early_drop")
 	add(a.MaxAge != b.MaxAge, "max_registry_age")
+	add(a.SlowStart != b.SlowStart, "slow_start")
 	add(a.Unroutable != b.Unroutable, "unroutable")
 	return keys
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 )
 
 // Errors wrapped by [Validate], [Registry.Update] and [DecodeBackends].
@@ -106,6 +107,22 @@ type Backend struct {
 	Weight uint32
 	// State is Ready (the zero value), Draining or Gone.
 	State State
+	// ReadySince is when the backend became ready, as its source records
+	// it (a Kubernetes Pod's Ready condition, a file's "ready_since"), so
+	// that every proxy replica reads the same time. With the registry's
+	// Config.SlowStart it ramps the backend's share of new sessions from
+	// then on; the zero time means "long ago": no ramp. A registry holds
+	// it in UTC.
+	ReadySince time.Time
+}
+
+// String formats b as {ordinal address weight state}, with the
+// ReadySince time (RFC 3339) after the state when it is set.
+func (b Backend) String() string {
+	if b.ReadySince.IsZero() {
+		return fmt.Sprintf("{%d %v %d %v}", b.Ordinal, b.Addr, b.Weight, b.State)
+	}
+	return fmt.Sprintf("{%d %v %d %v %s}", b.Ordinal, b.Addr, b.Weight, b.State, b.ReadySince.Format(time.RFC3339Nano))
 }
 
 // normalize returns b with the defaults applied: weight 0 → 1 and an
@@ -118,6 +135,7 @@ func (b Backend) normalize() Backend {
 	if b.Addr.Addr().Is4In6() {
 		b.Addr = netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port())
 	}
+	b.ReadySince = b.ReadySince.UTC() // and no monotonic reading: == compares instants
 	return b
 }
 

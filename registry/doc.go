@@ -72,5 +72,7 @@
 // "no new sessions", which is what "draining" says. "state" is "ready"
 // (the default), "draining" or "gone". Keys are matched exactly
 // (case-sensitive); unknown or repeated keys are errors. The list is
-// validated whole ([Validate]).
+// validated whole ([Validate]). "ready_since" (an RFC 3339 time, such as
+// "2026-01-02T15:04:05Z") is when the backend became ready, for
+// Config.SlowStart; without it a backend counts fully at once.
 package registry

@@ -8,7 +8,18 @@ import (
 	"io"
 	"net/netip"
 	"strconv"
+	"time"
 )
+
+// ParseReadySince parses a backend's "ready_since": an RFC 3339 time
+// with its offset, such as "2026-01-02T15:04:05Z".
+func ParseReadySince(s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: ready_since %q is not an RFC 3339 time such as \"2026-01-02T15:04:05Z\"", ErrDecode, s)
+	}
+	return t.UTC(), nil
+}
 
 // MarshalJSON writes b in the list element form (see "JSON format" in the
 // package documentation), with its effective weight.
@@ -30,7 +41,13 @@ func (b Backend) MarshalJSON() ([]byte, error) {
 	out = strconv.AppendUint(out, uint64(b.Weight), 10)
 	out = append(out, `,"state":"`...)
 	out = append(out, st...)
-	return append(out, `"}`...), nil
+	out = append(out, '"')
+	if !b.ReadySince.IsZero() {
+		out = append(out, `,"ready_since":"`...)
+		out = b.ReadySince.AppendFormat(out, time.RFC3339Nano)
+		out = append(out, '"')
+	}
+	return append(out, '}'), nil
 }
 
 // UnmarshalJSON reads one list element strictly (see "JSON format" in the
@@ -52,6 +69,7 @@ func (b *Backend) UnmarshalJSON(data []byte) error {
 		haveAddress
 		haveWeight
 		haveState
+		haveReadySince
 	)
 	var (
 		seen int
@@ -114,6 +132,15 @@ func (b *Backend) UnmarshalJSON(data []byte) error {
 				return fmt.Errorf("%w: state is not a string", ErrDecode)
 			}
 			if out.State, err = ParseState(s); err != nil {
+				return err
+			}
+		case "ready_since":
+			bit = haveReadySince
+			s, ok := t.(string)
+			if !ok {
+				return fmt.Errorf("%w: ready_since is not a string", ErrDecode)
+			}
+			if out.ReadySince, err = ParseReadySince(s); err != nil {
 				return err
 			}
 		default:

@@ -25,6 +25,17 @@ type Config struct {
 	// Logger receives the stale and recovered transitions. nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// SlowStart, when set, ramps the share of new sessions of a backend
+	// that became ready less than SlowStart ago (by its ReadySince, which
+	// its source records) in SlowStartSteps equal steps, from 10% of its
+	// weight to all of it. It is 0 (off) or MinSlowStart to MaxSlowStart.
+	// The steps begin at ReadySince plus whole tenths of SlowStart,
+	// instants of wall-clock time, so replicas fed the same backends
+	// choose alike whenever and in whatever order the updates reached
+	// them; they differ only for as long as their clocks differ after
+	// each step begins, and then only in keys moving to the new backend.
+	// Sessions routed by their CID are never affected.
+	SlowStart time.Duration
 
 	now func() time.Time // tests inject a fake clock
 }
@@ -51,6 +62,7 @@ type Registry struct {
 	gens      uint64                   // generations handed out
 	confirmed time.Time                // last Update or Confirm
 	timer     *time.Timer
+	ramp      *time.Timer // publishes the next slow-start step
 	closed    bool
 }
 
@@ -61,12 +73,24 @@ var _ Updater = (*Registry)(nil)
 // registry flap between stale and fresh (and log each flap).
 const MinMaxAge = time.Millisecond
 
+// Limits of Config.SlowStart. A step lasts a tenth of it, at least 1 s,
+// far above the clock difference of replicas synchronized by NTP
+// (milliseconds), which is how long two replicas may disagree after a
+// step begins.
+const (
+	MinSlowStart = 10 * time.Second
+	MaxSlowStart = time.Hour
+)
+
 // New returns a registry holding an empty snapshot (version 0). With
 // cfg.MaxAge set, the freshness clock starts now: a source must Update or
 // Confirm within MaxAge. Call Close to stop the freshness timer.
 func New(cfg Config) (*Registry, error) {
 	if cfg.MaxAge < 0 || (cfg.MaxAge > 0 && cfg.MaxAge < MinMaxAge) {
 		return nil, fmt.Errorf("registry %q: MaxAge %v: want 0 (off) or at least %v: %w", cfg.Service, cfg.MaxAge, MinMaxAge, ErrConfig)
+	}
+	if cfg.SlowStart != 0 && (cfg.SlowStart < MinSlowStart || cfg.SlowStart > MaxSlowStart) {
+		return nil, fmt.Errorf("registry %q: SlowStart %v: want 0 (off) or %v to %v: %w", cfg.Service, cfg.SlowStart, MinSlowStart, MaxSlowStart, ErrConfig)
 	}
 	r := &Registry{cfg: cfg, log: cfg.Logger, now: cfg.now}
 	if r.log == nil {
@@ -76,7 +100,7 @@ func New(cfg Config) (*Registry, error) {
 	if r.now == nil {
 		r.now = time.Now
 	}
-	empty, err := newSnapshot(0, cfg.Seed, nil, nil, nil)
+	empty, _, err := newSnapshot(0, cfg.Seed, nil, nil, nil, 0, time.Time{})
 	if err != nil {
 		return nil, err
 	}
@@ -163,13 +187,41 @@ func (r *Registry) Update(bs []Backend) error {
 // marks applied and publishes it. The caller holds mu.
 func (r *Registry) publishLocked(src []Backend, down map[uint8]netip.AddrPort) error {
 	prev := r.cur.Load()
-	s, err := newSnapshot(prev.version+1, r.cfg.Seed, slices.Clone(src), down, prev)
+	now := r.now()
+	s, next, err := newSnapshot(prev.version+1, r.cfg.Seed, slices.Clone(src), down, prev, r.cfg.SlowStart, now)
 	if err != nil {
 		return err
 	}
 	r.src, r.down = src, down
 	r.cur.Store(s)
+	r.scheduleRampLocked(now, next)
 	return nil
+}
+
+// scheduleRampLocked arms the slow-start timer for next (none when zero).
+func (r *Registry) scheduleRampLocked(now, next time.Time) {
+	if r.ramp != nil {
+		r.ramp.Stop()
+		r.ramp = nil
+	}
+	if next.IsZero() || r.closed {
+		return
+	}
+	r.ramp = time.AfterFunc(max(next.Sub(now), 0), r.rampStep)
+}
+
+// rampStep publishes the snapshot of the slow-start step that just
+// began. A timer that fires early (the clock was stepped) publishes the
+// same step again and rearms itself.
+func (r *Registry) rampStep() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.src == nil {
+		return
+	}
+	if err := r.publishLocked(r.src, r.down); err != nil {
+		r.log.Error("publishing a slow-start step", "err", err) // cannot fail: the list was valid
+	}
 }
 
 // Marks is the set of down marks of one health checker in a registry.
@@ -362,6 +414,9 @@ func (r *Registry) Close() {
 	if r.timer != nil {
 		r.timer.Stop()
 	}
+	if r.ramp != nil {
+		r.ramp.Stop()
+	}
 }
 
 // Stats is a point-in-time summary of a registry.
@@ -381,6 +436,8 @@ type Stats struct {
 	// up; Draining by the source; Down: ready by the source, marked down by
 	// a health checker (routed as draining); Gone.
 	Ready, Draining, Down, Gone int
+	// SlowStarting counts the ready backends in slow start (Config.SlowStart).
+	SlowStarting int
 }
 
 // Stats returns the registry's counters and the current snapshot's shape.
@@ -402,5 +459,6 @@ func (r *Registry) Stats() Stats {
 		Draining:      s.counts[Draining] - s.ndown,
 		Down:          s.ndown,
 		Gone:          s.counts[Gone],
+		SlowStarting:  s.ramping,
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/cidroute/cidroute/hrw"
 )
@@ -23,6 +24,7 @@ type Snapshot struct {
 	ready   []hrw.Candidate // what pick was built from, sorted by ordinal
 	addrs   addrTable       // serving backends by address
 	counts  [Gone + 1]int   // backends by state, as routed (a down backend counts as draining)
+	ramping int             // ready backends in slow start
 	down    [4]uint64       // ordinals marked down by a health checker (Marks.SetDown)
 	ndown   int
 }
@@ -33,9 +35,15 @@ type Snapshot struct {
 // hundreds of backends), so it is taken over from prev when the ready
 // backends and their weights are the same, as they are when only draining
 // or gone backends, addresses, or nothing at all changed.
-func newSnapshot(version, seed uint64, bs []Backend, down map[uint8]netip.AddrPort, prev *Snapshot) (*Snapshot, error) {
+//
+// With slow start on (slow > 0), a ready backend whose ReadySince is less
+// than slow before now counts with a part of its weight (rampPermille);
+// next is then the earliest time that part changes, when the registry
+// publishes again. The snapshot depends only on bs, down and now's step,
+// never on when or in what order updates arrived.
+func newSnapshot(version, seed uint64, bs []Backend, down map[uint8]netip.AddrPort, prev *Snapshot, slow time.Duration, now time.Time) (s *Snapshot, next time.Time, err error) {
 	slices.SortFunc(bs, func(a, b Backend) int { return int(a.Ordinal) - int(b.Ordinal) })
-	s := &Snapshot{version: version, list: bs}
+	s = &Snapshot{version: version, list: bs}
 	for i := range s.byOrd {
 		s.byOrd[i] = noIndex
 	}
@@ -54,7 +62,15 @@ func newSnapshot(version, seed uint64, bs []Backend, down map[uint8]netip.AddrPo
 			serving++
 		}
 		if b.State == Ready {
-			cands = append(cands, hrw.Candidate{Ordinal: b.Ordinal, Weight: b.Weight})
+			c := hrw.Candidate{Ordinal: b.Ordinal, Weight: b.Weight}
+			if p, at := rampPermille(b.ReadySince, now, slow); p < 1000 {
+				c.Permille = p
+				s.ramping++
+				if next.IsZero() || at.Before(next) {
+					next = at
+				}
+			}
+			cands = append(cands, c)
 		}
 	}
 	s.ready = cands
@@ -65,17 +81,44 @@ func newSnapshot(version, seed uint64, bs []Backend, down map[uint8]netip.AddrPo
 	default:
 		t, err := hrw.New(seed, cands)
 		if err != nil {
-			return nil, fmt.Errorf("building the hrw table: %w", err)
+			return nil, time.Time{}, fmt.Errorf("building the hrw table: %w", err)
 		}
 		s.pick = t
 	}
 	s.addrs = newAddrTable(bs, serving)
-	return s, nil
+	return s, next, nil
+}
+
+// SlowStartSteps is the number of equal steps of a slow start: a backend
+// counts with 10% of its weight for the first tenth of Config.SlowStart
+// after its ReadySince, 20% for the second, and so on to 100% for the
+// last tenth and after.
+const SlowStartSteps = 10
+
+// rampPermille returns the thousandths of its weight that a backend ready
+// since since counts with at now under a slow start of d, and when that
+// changes next (zero when it no longer will). The step is a function of
+// the wall-clock time alone, so replicas whose clocks agree choose alike
+// except within their clock difference of a step's start. A ReadySince in
+// the future (a clock behind the source's) counts as the first step.
+func rampPermille(since, now time.Time, d time.Duration) (permille uint16, next time.Time) {
+	if d <= 0 || since.IsZero() {
+		return 1000, time.Time{}
+	}
+	step := d / SlowStartSteps
+	k := int64(0)
+	if e := now.Sub(since); e > 0 {
+		k = int64(e / step)
+	}
+	if k >= SlowStartSteps-1 {
+		return 1000, time.Time{}
+	}
+	return uint16((k + 1) * 1000 / SlowStartSteps), since.Add(time.Duration(k+1) * step)
 }
 
 // Version counts the snapshots the registry has published: 0 is the empty
-// snapshot a new registry starts with, and every accepted Update and every
-// health change (Marks.SetDown) adds one.
+// snapshot a new registry starts with, and every accepted Update, every
+// health change (Marks.SetDown) and every slow-start step adds one.
 func (s *Snapshot) Version() uint64 { return s.version }
 
 // Backends returns all backends of the snapshot, gone ones included, sorted
@@ -154,6 +197,25 @@ func (s *Snapshot) PickNewAddrs(client, service netip.AddrPort) (b *Backend, ok 
 	}
 	return s.Backend(o)
 }
+
+// Permille returns the thousandths of its weight that the backend with
+// the given ordinal counts with for new sessions: below 1000 while it is
+// in slow start (Config.SlowStart), 1000 for any other ready backend, 0
+// for one that is not ready.
+func (s *Snapshot) Permille(ordinal uint8) uint16 {
+	for _, c := range s.ready {
+		if c.Ordinal == ordinal {
+			if c.Permille == 0 {
+				return 1000
+			}
+			return c.Permille
+		}
+	}
+	return 0
+}
+
+// SlowStarting returns the number of ready backends in slow start.
+func (s *Snapshot) SlowStarting() int { return s.ramping }
 
 // Table returns the HRW table that PickNew and PickNewAddrs use, over the
 // ready backends; nil when none is ready. It is shared, immutable, and for

@@ -59,6 +59,18 @@
 // such a handshake, and a session made from it would take the client's
 // next handshake from the same address with it.
 //
+// # Timers for devices that sleep
+//
+// Nothing in the adapter ends a session by default: a session lives until
+// the application or pion closes it. Config.SessionIdle (ListenConfig,
+// ListenWithOptions, NewPacketListener) closes one that received nothing
+// for that long, and Config.MaxSessions bounds how many live at once, so
+// that a fleet of devices that vanish without a close_notify does not
+// grow the server. The return routes of server-initiated datagrams expire
+// in the backend.Conn (backend.Config.RouteIdle). For LwM2M devices in
+// queue mode both are set past the registration lifetime
+// (docs/backends.md, "LwM2M fleets").
+//
 // On the client side, an EdgeDialer reaches a service through the best of
 // its edges (package edge), and moves its session from edge to edge
 // without a handshake: a record with a connection ID belongs to the

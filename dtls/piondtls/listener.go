@@ -49,7 +49,34 @@ type Config struct {
 	// MaxProbes is the number of probes answered at once (0 = 4); more
 	// are dropped.
 	MaxProbes int
+	// SessionIdle closes a session that received no datagram for this
+	// long (0 = never, the default: the application's own timer decides).
+	// A Listener closes the session's *pion.Conn, whose Read then fails;
+	// a PacketListener closes the session's PacketConn. Either way its
+	// demultiplexer entries and its return route go, so memory does not
+	// grow with devices that vanished without a close_notify. Set it above
+	// the longest silence a live client keeps: for LwM2M in queue mode,
+	// the registration lifetime plus a margin (docs/backends.md). It must
+	// be 0 or from MinSessionIdle to MaxIdle; it is enforced within an
+	// eighth of itself (at most a minute) late.
+	SessionIdle time.Duration
+	// MaxSessions bounds the live sessions (0 = no bound): a ClientHello
+	// beyond it is dropped (Stats.DroppedFull), as a full accept backlog
+	// drops one. Together with SessionIdle it bounds the demultiplexer's
+	// memory for a fleet.
+	MaxSessions int
 }
+
+// Limits of Config.SessionIdle. MaxIdle is also backend.MaxRouteIdle.
+const (
+	// MinSessionIdle is the shortest SessionIdle: below it a client's
+	// pause between two handshake flights (pion retransmits after 1 s)
+	// would end the session.
+	MinSessionIdle = time.Second
+	// MaxIdle is the longest SessionIdle: 31 days, past the longest LwM2M
+	// registration lifetimes in use; a longer value is a unit mistake.
+	MaxIdle = backend.MaxRouteIdle
+)
 
 // Stats counts the datagrams the demultiplexer handled.
 type Stats struct {
@@ -70,6 +97,8 @@ type Stats struct {
 	ProbesDropped       uint64 // health probes not answered: no ProbeConfig, MaxProbes busy, or closed
 	Sessions            int    // live sessions
 	Cut                 uint64 // sessions a Listener's Drain closed at its deadline
+	IdleClosed          uint64 // sessions closed after Config.SessionIdle without a datagram
+	DroppedFull         uint64 // ClientHellos refused with Config.MaxSessions live sessions
 }
 
 // Generator returns pion's ConnectionIDGenerator for a backend's ordinal,
@@ -101,6 +130,7 @@ type PacketListener struct {
 	mu       sync.Mutex
 	byCID    map[string]*session
 	byClient map[netip.AddrPort]*session
+	all      map[*session]struct{} // the live sessions, however keyed
 	sessions int
 	closed   bool // no more sessions
 	readErr  error
@@ -112,10 +142,15 @@ type PacketListener struct {
 	newServer func(net.PacketConn, net.Addr) (*pion.Conn, error) // answers probes; nil: none
 	probes    chan struct{}                                      // one token per probe being answered
 	onEnd     func(*session)                                     // a Listener's, called when a session ends
+	onIdle    func(*session)                                     // a Listener's: closes an idle session's pion.Conn
+
+	// clock is a coarse reading (ns since start) that expireIdle advances,
+	// so that the read loop stamps sessions without reading the time.
+	clock atomic.Int64
 
 	st struct {
 		delivered, newSessions, noSession, foreignHello, malformed, backlog, queue atomic.Uint64
-		probes, probesDropped, cut                                                 atomic.Uint64
+		probes, probesDropped, cut, idleClosed, full                               atomic.Uint64
 	}
 }
 
@@ -141,6 +176,10 @@ func NewPacketListener(conn *backend.Conn, cfg Config) (*PacketListener, error) 
 		return nil, fmt.Errorf("piondtls: Queue %d: want at least 1: %w", cfg.Queue, ErrConfig)
 	case cfg.MaxProbes < 1:
 		return nil, fmt.Errorf("piondtls: MaxProbes %d: want at least 1: %w", cfg.MaxProbes, ErrConfig)
+	case cfg.SessionIdle != 0 && (cfg.SessionIdle < MinSessionIdle || cfg.SessionIdle > MaxIdle):
+		return nil, fmt.Errorf("piondtls: SessionIdle %v: want 0 (never) or %v to %v: %w", cfg.SessionIdle, MinSessionIdle, MaxIdle, ErrConfig)
+	case cfg.MaxSessions < 0:
+		return nil, fmt.Errorf("piondtls: MaxSessions %d: want 0 (no bound) or more: %w", cfg.MaxSessions, ErrConfig)
 	}
 	l := &PacketListener{
 		conn:     conn,
@@ -148,6 +187,7 @@ func NewPacketListener(conn *backend.Conn, cfg Config) (*PacketListener, error) 
 		accept:   make(chan *session, cfg.Backlog),
 		byCID:    map[string]*session{},
 		byClient: map[netip.AddrPort]*session{},
+		all:      map[*session]struct{}{},
 		done:     make(chan struct{}),
 		readDone: make(chan struct{}),
 		probes:   make(chan struct{}, cfg.MaxProbes),
@@ -156,6 +196,9 @@ func NewPacketListener(conn *backend.Conn, cfg Config) (*PacketListener, error) 
 		l.newServer = func(c net.PacketConn, a net.Addr) (*pion.Conn, error) { return pion.Server(c, a, pc) }
 	}
 	go l.readLoop()
+	if cfg.SessionIdle > 0 {
+		go l.expireIdle()
+	}
 	return l, nil
 }
 
@@ -221,6 +264,8 @@ func (l *PacketListener) Stats() Stats {
 		ProbesDropped:       l.st.probesDropped.Load(),
 		Sessions:            n,
 		Cut:                 l.st.cut.Load(),
+		IdleClosed:          l.st.idleClosed.Load(),
+		DroppedFull:         l.st.full.Load(),
 	}
 }
 
@@ -256,6 +301,7 @@ func (l *PacketListener) readLoop() {
 		if byCID || !s.hasCID.Load() {
 			s.latest.Store(ap)
 		}
+		s.seen.Store(l.clock.Load())
 		s.deliver(buf[:n], ap)
 	}
 }
@@ -300,6 +346,10 @@ func (l *PacketListener) route(b []byte, a *backend.Addr) (s *session, byCID boo
 		l.st.backlog.Add(1)
 		return nil, false
 	}
+	if l.cfg.MaxSessions > 0 && l.sessions >= l.cfg.MaxSessions {
+		l.st.full.Add(1)
+		return nil, false
+	}
 	s = l.newSession(a)
 	select {
 	case l.accept <- s:
@@ -308,6 +358,7 @@ func (l *PacketListener) route(b []byte, a *backend.Addr) (s *session, byCID boo
 		return nil, false
 	}
 	l.byClient[a.Client] = s
+	l.all[s] = struct{}{}
 	l.sessions++
 	l.st.newSessions.Add(1)
 	l.st.delivered.Add(1)
@@ -323,6 +374,7 @@ func (l *PacketListener) endSession(s *session) {
 	if s.cid != "" && l.byCID[s.cid] == s {
 		delete(l.byCID, s.cid)
 	}
+	delete(l.all, s)
 	l.sessions--
 	last := l.closed && l.sessions == 0
 	client, cid := s.client, s.cidB
@@ -356,6 +408,7 @@ type session struct {
 	cidB   []byte         // the same bytes, for Commit
 
 	hasCID      atomic.Bool                  // cid is set
+	seen        atomic.Int64                 // l.clock when its newest datagram arrived
 	latest      atomic.Pointer[backend.Addr] // the newest datagram's address (see WriteTo)
 	established atomic.Bool                  // the server has sent a record of epoch 1 or later
 
@@ -365,8 +418,48 @@ type session struct {
 }
 
 func (l *PacketListener) newSession(a *backend.Addr) *session {
-	return &session{l: l, first: a, client: a.Client, in: make(chan packet, l.cfg.Queue),
+	s := &session{l: l, first: a, client: a.Client, in: make(chan packet, l.cfg.Queue),
 		rdl: deadline.New(), wdl: deadline.New(), closed: make(chan struct{})}
+	s.seen.Store(l.clock.Load())
+	return s
+}
+
+// expireIdle advances the coarse clock and closes the sessions that
+// received nothing for Config.SessionIdle, until the listener's socket
+// closes.
+func (l *PacketListener) expireIdle() {
+	idle := l.cfg.SessionIdle
+	tick := time.NewTicker(min(max(idle/8, 10*time.Millisecond), time.Minute))
+	defer tick.Stop()
+	start := time.Now()
+	var expired []*session
+	for {
+		select {
+		case <-l.readDone:
+			return
+		case <-tick.C:
+		}
+		now := int64(time.Since(start))
+		l.clock.Store(now)
+		expired = expired[:0]
+		l.mu.Lock()
+		for s := range l.all {
+			if now-s.seen.Load() > int64(idle) {
+				expired = append(expired, s)
+			}
+		}
+		onIdle := l.onIdle
+		l.mu.Unlock()
+		for _, s := range expired {
+			l.st.idleClosed.Add(1)
+			if onIdle != nil {
+				onIdle(s)
+			} else {
+				s.Close()
+			}
+		}
+		clear(expired)
+	}
 }
 
 func (s *session) deliver(b []byte, a *backend.Addr) {

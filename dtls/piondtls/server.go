@@ -42,11 +42,20 @@ var _ net.Listener = (*Listener)(nil)
 // The Listener owns conn: closing it stops accepting, and conn is closed
 // once the Listener is closed and its last session has ended.
 func Listen(conn *backend.Conn, cfg *pion.Config) (*Listener, error) {
+	return ListenConfig(conn, Config{}, cfg)
+}
+
+// ListenConfig is Listen with the adapter's own settings in ac: its
+// session timer (SessionIdle), bounds (MaxSessions, Backlog, Queue) and
+// probe limit. ac.CIDLen 0 is taken from cfg.ConnectionIDGenerator, as
+// Listen does; ac.ProbeConfig is ignored: probes are answered with cfg.
+func ListenConfig(conn *backend.Conn, ac Config, cfg *pion.Config) (*Listener, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("piondtls: Listen needs a pion Config (nil given): %w", ErrConfig)
 	}
-	pc := Config{ProbeConfig: cfg}
-	if cfg.ConnectionIDGenerator != nil {
+	pc := ac
+	pc.ProbeConfig = cfg
+	if cfg.ConnectionIDGenerator != nil && pc.CIDLen == 0 {
 		pc.CIDLen = len(cfg.ConnectionIDGenerator())
 	}
 	//lint:ignore SA1019 Listen is the Config form; ListenWithOptions is the options form.
@@ -79,7 +88,7 @@ func newListener(conn *backend.Conn, cfg Config, newConn func(net.PacketConn, ne
 		return nil, err
 	}
 	pl.mu.Lock()
-	pl.newServer, pl.onEnd = newConn, l.sessionEnded
+	pl.newServer, pl.onEnd, pl.onIdle = newConn, l.sessionEnded, l.sessionIdle
 	pl.mu.Unlock()
 	l.pl = pl
 	return l, nil
@@ -119,6 +128,18 @@ func (l *Listener) sessionEnded(s *session) {
 		default:
 		}
 	}
+}
+
+// sessionIdle closes an idle session (Config.SessionIdle): through its
+// pion.Conn when accepted, so that the application's Read fails.
+func (l *Listener) sessionIdle(s *session) {
+	l.mu.Lock()
+	c := l.conns[s]
+	l.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	s.Close()
 }
 
 // Close stops accepting new sessions, as pion's listeners do: accepted

@@ -133,7 +133,11 @@ type Config struct {
 	// and then an arbitrary route is evicted.
 	MaxRoutes int
 	// RouteIdle is how long a route lives without being committed again
-	// (0 = 5 minutes; at least MinRouteIdle).
+	// (0 = 5 minutes; MinRouteIdle to MaxRouteIdle). A route is what
+	// server-initiated datagrams (WriteToCID, a write to a client that
+	// sent nothing lately) need; set it to the longest silence after which
+	// the server still sends first, such as an LwM2M lifetime
+	// (docs/backends.md). MaxRoutes bounds the table whatever it is.
 	RouteIdle time.Duration
 	// ManualCommit turns off commit-on-write (see Conn.WriteTo); routes
 	// are then made only by Commit.
@@ -155,6 +159,10 @@ type Config struct {
 // MinRouteIdle is the shortest Config.RouteIdle: a route must outlive the
 // round trip of the reply it is made for, or every reply loses it.
 const MinRouteIdle = time.Second
+
+// MaxRouteIdle is the longest Config.RouteIdle: 31 days, past the longest
+// LwM2M registration lifetimes in use; a longer value is a unit mistake.
+const MaxRouteIdle = 31 * 24 * time.Hour
 
 const (
 	defaultMaxRoutes   = 65536
@@ -183,8 +191,8 @@ func (cfg *Config) setDefaults() error {
 	switch {
 	case cfg.MaxRoutes < 1:
 		return fmt.Errorf("backend: MaxRoutes %d: want at least 1: %w", cfg.MaxRoutes, ErrConfig)
-	case cfg.RouteIdle < MinRouteIdle:
-		return fmt.Errorf("backend: RouteIdle %v: want 0 (default %v) or at least %v: %w", cfg.RouteIdle, defaultRouteIdle, MinRouteIdle, ErrConfig)
+	case cfg.RouteIdle < MinRouteIdle || cfg.RouteIdle > MaxRouteIdle:
+		return fmt.Errorf("backend: RouteIdle %v: want 0 (default %v) or %v to %v: %w", cfg.RouteIdle, defaultRouteIdle, MinRouteIdle, MaxRouteIdle, ErrConfig)
 	case cfg.Batch < 1 || cfg.Batch > 1024:
 		return fmt.Errorf("backend: Batch %d: want 1 to 1024 datagrams: %w", cfg.Batch, ErrConfig)
 	case cfg.MaxDatagram < 64 || cfg.MaxDatagram > 65535:

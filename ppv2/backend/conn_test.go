@@ -432,6 +432,7 @@ func TestConfigErrors(t *testing.T) {
 		{MaxRoutes: -1},
 		{RouteIdle: -1},
 		{RouteIdle: 3},
+		{RouteIdle: MaxRouteIdle + time.Second},
 		{Batch: 2000},
 		{MaxDatagram: 10},
 		{Direct: 9},
@@ -444,11 +445,15 @@ func TestConfigErrors(t *testing.T) {
 		_, err := New(listen(t), cfg)
 		assert.ErrorIs(t, err, ErrConfig, "%+v", cfg)
 	}
+	c, err := New(listen(t), Config{RouteIdle: MaxRouteIdle})
+	require.NoError(t, err, "the longest RouteIdle")
+	c.Close()
 	// Each message names the field at fault.
 	for want, cfg := range map[string]Config{
-		"MaxRoutes -1":                 {MaxRoutes: -1},
-		"RouteIdle -1ns: want":         {RouteIdle: -1},
-		"RouteIdle 3ns: want":          {RouteIdle: 3},
+		"MaxRoutes -1":         {MaxRoutes: -1},
+		"RouteIdle -1ns: want": {RouteIdle: -1},
+		"RouteIdle 3ns: want":  {RouteIdle: 3},
+		"RouteIdle 744h0m1s: want 0 (default 5m0s) or 1s to 744h0m0s": {RouteIdle: MaxRouteIdle + time.Second},
 		"Batch 2000":                   {Batch: 2000},
 		"MaxDatagram 10":               {MaxDatagram: 10},
 		"unknown Direct policy 9":      {Direct: 9},

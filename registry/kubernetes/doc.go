@@ -14,7 +14,8 @@
 // neither downloads nor compiles any Kubernetes code.
 //
 // The Source needs list and watch on endpointslices
-// (discovery.k8s.io) in the Service's namespace, nothing else; it never
-// gets one by name. With an API server that offers streaming lists
+// (discovery.k8s.io) in the Service's namespace, and on pods with
+// Config.WatchPods (weights and slow start), nothing else; it never gets
+// one by name. With an API server that offers streaming lists
 // (WatchList, on by default since Kubernetes 1.34) it only watches.
 package kubernetes

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -36,6 +38,69 @@ type mapper struct {
 	service     string
 	portName    string
 	addressType discoveryv1.AddressType // "" = IPv4 if any IPv4 slice exists, else IPv6
+
+	// pod, when set (Config.WatchPods), returns an endpoint's Pod from the
+	// informer's cache, nil when the cache has none; weightKey is the
+	// annotation that holds its weight.
+	pod       func(name string) *corev1.Pod
+	weightKey string
+}
+
+// MaxWeight is the largest weight a Pod's weight annotation may give: a
+// ratio of more than 10000 to 1 between the pods of one Service is a
+// mistake (a unit, a misplaced digit), not a capacity.
+const MaxWeight = 10000
+
+// pendingReady is the ReadySince of a ready endpoint whose Pod the cache
+// does not show ready yet (its watch lags the EndpointSlices'): a time in
+// the future, which the registry counts as the first step of a slow start
+// until the Pod's own time arrives. It is never later than that time's
+// step, so the backend's share only grows.
+var pendingReady = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+
+// podBackend returns the weight (0: the default, 1) and ReadySince that
+// an endpoint's Pod gives its backend; bad is the reason its weight
+// annotation was refused ("" if not), in which case the weight is 0.
+func (m mapper) podBackend(ep discoveryv1.Endpoint, st registry.State) (weight uint32, since time.Time, bad string) {
+	if m.pod == nil || ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" {
+		return weight, since, ""
+	}
+	p := m.pod(ep.TargetRef.Name)
+	if st == registry.Ready {
+		since = pendingReady
+		if p != nil {
+			if t, ok := podReadySince(p); ok {
+				since = t
+			}
+		}
+	}
+	if p == nil {
+		return weight, since, ""
+	}
+	v, ok := p.Annotations[m.weightKey]
+	if !ok {
+		return weight, since, ""
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+	if err != nil || n < 1 || n > MaxWeight {
+		return 0, since, fmt.Sprintf("%s %q is not a weight: want an integer 1-%d; using 1", m.weightKey, v, MaxWeight)
+	}
+	return uint32(n), since, ""
+}
+
+// podReadySince returns when the Pod became ready: its Ready condition's
+// lastTransitionTime, the same for every watcher. ok is false while the
+// Pod is not ready or the time is unset.
+func podReadySince(p *corev1.Pod) (time.Time, bool) {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			if c.Status != corev1.ConditionTrue || c.LastTransitionTime.IsZero() {
+				return time.Time{}, false
+			}
+			return c.LastTransitionTime.UTC(), true
+		}
+	}
+	return time.Time{}, false
 }
 
 // entry is a backend candidate with where it came from, for merging.
@@ -54,7 +119,11 @@ type entry struct {
 // kept, so that the registry rejects the list: a misconfiguration is not
 // papered over. A gone endpoint whose address a serving one of another
 // ordinal now holds is dropped: the address belongs to the new pod.
-func (m mapper) backends(in []*discoveryv1.EndpointSlice) ([]registry.Backend, []skip) {
+//
+// With Pods (m.pod), each backend's weight and ReadySince come from its
+// Pod; a weight annotation that is refused is reported in bad, and the
+// backend keeps weight 1.
+func (m mapper) backends(in []*discoveryv1.EndpointSlice) (bs []registry.Backend, skips, bad []skip) {
 	sl := make([]*discoveryv1.EndpointSlice, 0, len(in))
 	for _, s := range in {
 		if s.Labels[discoveryv1.LabelServiceName] == m.service {
@@ -78,8 +147,7 @@ func (m mapper) backends(in []*discoveryv1.EndpointSlice) ([]registry.Backend, [
 		ord  uint8
 		addr netip.AddrPort
 	}
-	merged := make(map[key]registry.State)
-	var skips []skip
+	merged := make(map[key]registry.Backend)
 	for _, s := range sl {
 		// Dual-stack services have one slice family per address type; the
 		// other family would repeat every ordinal.
@@ -99,15 +167,19 @@ func (m mapper) backends(in []*discoveryv1.EndpointSlice) ([]registry.Backend, [
 			}
 			k := key{ord, addr}
 			st := endpointState(ep.Conditions)
-			if old, ok := merged[k]; !ok || st < old { // Ready < Draining < Gone
-				merged[k] = st
+			if old, ok := merged[k]; !ok || st < old.State { // Ready < Draining < Gone
+				w, since, why := m.podBackend(ep, st)
+				if why != "" {
+					bad = append(bad, skip{slice: s.Name, endpoint: endpointName(ep), reason: why})
+				}
+				merged[k] = registry.Backend{Ordinal: ord, Addr: addr, State: st, Weight: w, ReadySince: since}
 			}
 		}
 	}
 
-	bs := make([]registry.Backend, 0, len(merged))
-	for k, st := range merged {
-		bs = append(bs, registry.Backend{Ordinal: k.ord, Addr: k.addr, State: st})
+	bs = make([]registry.Backend, 0, len(merged))
+	for _, b := range merged {
+		bs = append(bs, b)
 	}
 	slices.SortFunc(bs, func(a, b registry.Backend) int {
 		return cmp.Or(cmp.Compare(a.Ordinal, b.Ordinal), a.Addr.Compare(b.Addr))
@@ -120,7 +192,7 @@ func (m mapper) backends(in []*discoveryv1.EndpointSlice) ([]registry.Backend, [
 		}
 	}
 	bs = slices.DeleteFunc(bs, func(b registry.Backend) bool { return b.State == registry.Gone && serving[b.Addr] })
-	return bs, skips
+	return bs, skips, bad
 }
 
 // port returns the slice's port for the configured name: the named port,

@@ -183,13 +183,13 @@ func TestBackends(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, skips := m.backends(tc.slices)
+			got, skips, _ := m.backends(tc.slices)
 			require.Equal(t, tc.want, nilIfEmpty(got))
 			require.Len(t, skips, tc.skips, "%v", skips)
 			// Slice order does not matter.
 			rev := slices.Clone(tc.slices)
 			slices.Reverse(rev)
-			got2, _ := m.backends(rev)
+			got2, _, _ := m.backends(rev)
 			require.Equal(t, got, got2)
 		})
 	}
@@ -222,7 +222,7 @@ func TestBackendsPorts(t *testing.T) {
 		{"no port number", "dtls", noNum, 0},
 	} {
 		m := mapper{service: "svc", portName: tc.portName}
-		got, skips := m.backends([]*discoveryv1.EndpointSlice{tc.s})
+		got, skips, _ := m.backends([]*discoveryv1.EndpointSlice{tc.s})
 		if tc.want == 0 {
 			require.Empty(t, got, tc.name)
 			require.Len(t, skips, 1, tc.name)

@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -45,11 +47,34 @@ type Config struct {
 	// the Updater has a MaxAge method, as *registry.Registry does; no
 	// confirmations when MaxAge is 0), or 1s.
 	ConfirmEvery time.Duration
+	// WatchPods makes the source read each endpoint's Pod (the endpoint's
+	// targetRef) for what an EndpointSlice does not carry: the backend's
+	// weight, from the Pod's WeightAnnotation, and when it became ready,
+	// from its Ready condition's lastTransitionTime (Backend.ReadySince,
+	// which the registry's SlowStart ramps from). Both are fields of the
+	// Pod object, so every replica reads the same values. It needs list
+	// and watch on pods in the namespace besides endpointslices. Off (the
+	// default), every weight is 1 and no backend slow-starts.
+	WatchPods bool
+	// WeightAnnotation names the Pod annotation that holds the weight,
+	// an integer 1 to MaxWeight; "" means DefaultWeightAnnotation. A Pod
+	// without it has weight 1; a value out of range or not an integer is
+	// refused: the backend keeps weight 1, the refusal is logged once per
+	// Pod and value, and counted (Source.BadWeights).
+	WeightAnnotation string
+	// PodSelector, a label selector such as "app=dtls-backend", narrows
+	// the Pod watch to the backends' pods; "" watches every Pod of the
+	// namespace. Only with WatchPods.
+	PodSelector string
 	// Logger receives the source's changes and failures; nil means
 	// slog.Default(). Nothing is logged per event: a skipped endpoint, a
 	// rejected list or a failing watch is logged once until it changes.
 	Logger *slog.Logger
 }
+
+// DefaultWeightAnnotation is the Pod annotation read as the weight when
+// Config.WeightAnnotation is "".
+const DefaultWeightAnnotation = "cidroute.io/weight"
 
 // Source is a registry.Source that follows a Service's EndpointSlices
 // (discovery.k8s.io/v1) with a client-go informer, which lists them once
@@ -63,6 +88,11 @@ type Config struct {
 //     endpoints are skipped and logged.
 //   - address: the endpoint's first address and the slice's port named
 //     PortName, which must be UDP.
+//   - weight and ready time (WatchPods only): the endpoint's Pod's
+//     WeightAnnotation (1 when absent or refused) and its Ready
+//     condition's lastTransitionTime. A ready endpoint whose Pod the
+//     cache does not show ready yet gets a ReadySince in the far future,
+//     the first step of a slow start, until the Pod's watch catches up.
 //   - state: ready (ready, serving and not terminating) → Ready; serving
 //     and terminating → Draining; anything else → Gone. Gone endpoints
 //     stay in the list, so that datagrams for their connection IDs are
@@ -87,7 +117,13 @@ type Source struct {
 	m   mapper
 
 	afterSync func() // tests: called after every pass of the Run loop
+
+	badWeights atomic.Uint64
 }
+
+// BadWeights counts the weight annotations refused (see
+// Config.WeightAnnotation): each Pod and value once, while it lasts.
+func (s *Source) BadWeights() uint64 { return s.badWeights.Load() }
 
 var _ registry.Source = (*Source)(nil)
 
@@ -110,6 +146,20 @@ func New(cfg Config) (*Source, error) {
 	default:
 		return nil, fmt.Errorf("%w: address type %q (want IPv4 or IPv6)", ErrConfig, cfg.AddressType)
 	}
+	if cfg.WeightAnnotation == "" {
+		cfg.WeightAnnotation = DefaultWeightAnnotation
+	}
+	if errs := validation.IsQualifiedName(cfg.WeightAnnotation); len(errs) > 0 {
+		return nil, fmt.Errorf("%w: weight annotation %q: %s", ErrConfig, cfg.WeightAnnotation, errs[0])
+	}
+	if cfg.PodSelector != "" {
+		if !cfg.WatchPods {
+			return nil, fmt.Errorf("%w: a pod selector without WatchPods", ErrConfig)
+		}
+		if _, err := labels.Parse(cfg.PodSelector); err != nil {
+			return nil, fmt.Errorf("%w: pod selector %q: %v", ErrConfig, cfg.PodSelector, err)
+		}
+	}
 	if cfg.ConfirmEvery < 0 {
 		return nil, fmt.Errorf("%w: negative ConfirmEvery %v", ErrConfig, cfg.ConfirmEvery)
 	}
@@ -120,7 +170,7 @@ func New(cfg Config) (*Source, error) {
 	return &Source{
 		cfg: cfg,
 		log: log.With("namespace", cfg.Namespace, "k8s_service", cfg.Service),
-		m:   mapper{service: cfg.Service, portName: cfg.PortName, addressType: cfg.AddressType},
+		m:   mapper{service: cfg.Service, portName: cfg.PortName, addressType: cfg.AddressType, weightKey: cfg.WeightAnnotation},
 	}, nil
 }
 
@@ -173,15 +223,40 @@ func (s *Source) Run(ctx context.Context, u registry.Updater) error {
 		return fmt.Errorf("kubernetes: %w", err)
 	}
 
+	synced := []cache.InformerSynced{inf.HasSynced}
+	m := s.m
+	var podFactory informers.SharedInformerFactory
+	if s.cfg.WatchPods {
+		podFactory = s.podInformer(&m, poke)
+		if podFactory == nil {
+			return errors.New("kubernetes: starting the pod informer")
+		}
+		synced = append(synced, podFactory.Core().V1().Pods().Informer().HasSynced)
+	}
+	hasSynced := func() bool {
+		for _, f := range synced {
+			if !f() {
+				return false
+			}
+		}
+		return true
+	}
+
 	factory.Start(ctx.Done())
+	if podFactory != nil {
+		podFactory.Start(ctx.Done())
+	}
 	var wg sync.WaitGroup
 	defer func() {
 		cancel()
 		factory.Shutdown() // waits for the informer's goroutines
+		if podFactory != nil {
+			podFactory.Shutdown()
+		}
 		wg.Wait()
 	}()
 	wg.Go(func() {
-		if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		if cache.WaitForCacheSync(ctx.Done(), synced...) {
 			poke()
 		}
 	})
@@ -193,7 +268,7 @@ func (s *Source) Run(ctx context.Context, u registry.Updater) error {
 		tick = t.C
 	}
 
-	st := runState{src: s, u: u}
+	st := runState{src: s, u: u, m: m}
 	for {
 		confirm := false
 		select {
@@ -204,7 +279,7 @@ func (s *Source) Run(ctx context.Context, u registry.Updater) error {
 		case <-tick:
 			confirm = true
 		}
-		if inf.HasSynced() {
+		if hasSynced() {
 			if st.dirty {
 				got, err := lister.List(selector)
 				if err != nil { // the cache's lister does not fail; keep the last list
@@ -221,6 +296,71 @@ func (s *Source) Run(ctx context.Context, u registry.Updater) error {
 			s.afterSync()
 		}
 	}
+}
+
+// podInformer sets up the informer of the namespace's Pods (narrowed by
+// PodSelector), which keeps of each Pod only what the mapper reads, and
+// points m.pod at its cache. Its changes poke the rebuild. Its watch
+// failures are logged, once per kind of failure, and do not stop the
+// confirmations: the backends and their states come from the
+// EndpointSlices; only weights and ready times would be out of date.
+func (s *Source) podInformer(m *mapper, poke func()) informers.SharedInformerFactory {
+	key := s.cfg.WeightAnnotation
+	f := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, 0,
+		informers.WithNamespace(s.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = s.cfg.PodSelector }),
+		informers.WithTransform(func(obj any) (any, error) {
+			p, ok := obj.(*corev1.Pod)
+			if !ok {
+				return obj, nil // a tombstone
+			}
+			return trimPod(p, key), nil
+		}))
+	pi := f.Core().V1().Pods()
+	inf := pi.Informer()
+	health := &watchHealth{log: s.log, pods: true}
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
+		if ctx.Err() == nil {
+			health.failed(err, false)
+		}
+	}); err != nil {
+		s.log.Error("kubernetes: pod informer", "err", err)
+		return nil
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { poke() },
+		UpdateFunc: func(any, any) { poke() },
+		DeleteFunc: func(any) { poke() },
+	}); err != nil {
+		s.log.Error("kubernetes: pod informer", "err", err)
+		return nil
+	}
+	lister := pi.Lister().Pods(s.cfg.Namespace)
+	m.pod = func(name string) *corev1.Pod {
+		p, err := lister.Get(name)
+		if err != nil {
+			return nil
+		}
+		return p
+	}
+	return f
+}
+
+// trimPod keeps of a Pod its identity, the weight annotation and its
+// Ready condition: the cache holds thousands of them.
+func trimPod(p *corev1.Pod, weightKey string) *corev1.Pod {
+	t := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+	}}
+	if v, ok := p.Annotations[weightKey]; ok {
+		t.Annotations = map[string]string{weightKey: v}
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			t.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status, LastTransitionTime: c.LastTransitionTime}}
+		}
+	}
+	return t
 }
 
 // confirmEvery returns the confirmation period for u, 0 for none.
@@ -241,6 +381,7 @@ func (s *Source) confirmEvery(u registry.Updater) time.Duration {
 type runState struct {
 	src *Source
 	u   registry.Updater
+	m   mapper // src.m, with the pod cache when WatchPods
 
 	dirty     bool               // a change arrived since the last rebuild
 	sent      bool               // last holds a list that was passed to Update
@@ -248,6 +389,7 @@ type runState struct {
 	accepted  bool               // whether Update accepted last
 	published []registry.Backend // the last list Update accepted
 	skips     map[skip]bool      // skipped endpoints already logged
+	bad       map[skip]bool      // refused weight annotations already logged and counted
 }
 
 // rebuild maps the slices, passes the list to the Updater when it differs
@@ -256,7 +398,7 @@ type runState struct {
 func (st *runState) rebuild(in []*discoveryv1.EndpointSlice) {
 	st.dirty = false
 	log := st.src.log
-	bs, skips := st.src.m.backends(in)
+	bs, skips, bad := st.m.backends(in)
 
 	now := make(map[skip]bool, len(skips))
 	for _, k := range skips {
@@ -266,6 +408,15 @@ func (st *runState) rebuild(in []*discoveryv1.EndpointSlice) {
 		}
 	}
 	st.skips = now
+	nowBad := make(map[skip]bool, len(bad))
+	for _, k := range bad {
+		nowBad[k] = true
+		if !st.bad[k] {
+			st.src.badWeights.Add(1)
+			log.Warn("kubernetes: weight annotation refused", "slice", k.slice, "endpoint", k.endpoint, "reason", k.reason)
+		}
+	}
+	st.bad = nowBad
 
 	if len(bs) == 0 {
 		// No endpoints (scaled to zero, slices deleted): the registry

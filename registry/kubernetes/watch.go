@@ -25,7 +25,8 @@ import (
 // Watch call is made only when the previous watch has ended, so the state is
 // cleared when one starts.
 type watchHealth struct {
-	log *slog.Logger
+	log  *slog.Logger
+	pods bool // the Pod watch (Config.WatchPods), whose failures do not stop confirmations
 
 	mu      sync.Mutex
 	healthy bool
@@ -52,7 +53,7 @@ func (h *watchHealth) watching() {
 	h.healthy = true
 	if h.failing != "" {
 		h.failing = ""
-		h.log.Info("kubernetes: watching EndpointSlices again")
+		h.log.Info("kubernetes: watching " + h.what() + " again")
 	}
 }
 
@@ -72,8 +73,19 @@ func (h *watchHealth) failed(err error, quiet bool) {
 	}
 	if k := failureKind(err); k != h.failing {
 		h.failing = k
+		if h.pods {
+			h.log.Warn("kubernetes: cannot watch Pods; backend weights and ready times stay as they were until the watch is back", "err", err)
+			return
+		}
 		h.log.Warn("kubernetes: cannot watch EndpointSlices; not confirming the backends until the watch is back", "err", err)
 	}
+}
+
+func (h *watchHealth) what() string {
+	if h.pods {
+		return "Pods"
+	}
+	return "EndpointSlices"
 }
 
 // failureKind classifies a failure for the log: the reason of an API

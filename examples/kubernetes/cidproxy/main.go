@@ -1,7 +1,8 @@
 // Command cidproxy, the Kubernetes build: the same program as
 // examples/cidproxy, plus services whose backends are the endpoints of a
 // Kubernetes Service ("kubernetes": {"namespace", "service", "port_name",
-// "kubeconfig"} in the JSON config). It is its own module so that client-go
+// "kubeconfig", "watch_pods", "weight_annotation", "pod_selector"} in the
+// JSON config). It is its own module so that client-go
 // stays out of the main module.
 package main
 
@@ -23,5 +24,6 @@ func endpointSlices(k proxyconfig.Kubernetes, log *slog.Logger) (registry.Source
 	if err != nil {
 		return nil, err
 	}
-	return kubernetes.New(kubernetes.Config{Client: client, Namespace: k.Namespace, Service: k.Service, PortName: k.PortName, Logger: log})
+	return kubernetes.New(kubernetes.Config{Client: client, Namespace: k.Namespace, Service: k.Service, PortName: k.PortName, Logger: log,
+		WatchPods: k.WatchPods, WeightAnnotation: k.WeightAnnotation, PodSelector: k.PodSelector})
 }
