@@ -289,3 +289,27 @@ func BenchmarkRouteDTLS13(b *testing.B) {
 		})
 	}
 }
+
+// TestPipelineDTLS13: through a running pipeline with two echo backends,
+// a datagram of unified headers with a CID reaches the backend its ordinal
+// names, from any client address, and one without CID, where the service
+// requires it, is counted as dtls13_no_cid.
+func TestPipelineDTLS13(t *testing.T) {
+	e0, e1 := startEcho(t, 0), startEcho(t, 1)
+	tp := startProxy(t, DTLS, []registry.Backend{{Ordinal: 0, Addr: e0.Addr()}, {Ordinal: 1, Addr: e1.Addr()}},
+		func(s *Service) { s.RequireDTLS13CID = true })
+	codec := tp.router().Codec()
+	for _, ord := range []uint8{0, 1} {
+		cid := ordinalCID(t, codec, ord)
+		flight := join(dtls13Record(0x3e, cid, 0, sealed16), dtls13Record(0x32, cid, 1, sealed16))
+		for range 2 {
+			assert.Equal(t, int(ord), newClient(t).ask(tp.addr(), flight), "a new client address each time")
+		}
+	}
+	c := newClient(t)
+	assert.Equal(t, -1, c.ask(tp.addr(), dtls13Record(0x2f, nil, 1, sealed16)))
+	assert.Equal(t, -1, c.ask(tp.addr(), dtls13Record(0x20, nil, 2, sealed16)))
+	s := tp.settled(t, func(s ServiceStats) bool { return s.Forward.Dropped[DTLS13NoCID] == 2 })
+	assert.Equal(t, uint64(4), s.Forward.Forwarded)
+	assert.Zero(t, s.Forward.Dropped[Malformed])
+}
