@@ -124,11 +124,11 @@ func classifyError(b []byte, cidLen, records int) (Class, error) {
 // length is not on the wire, so this is the closest a proxy can come to
 // telling a server that issues CIDs of another length apart from a broken
 // datagram; a corrupt record that happens to parse under another length
-// is reported too (17 of 10,000 random tls12_cid ones in the package's
-// test, and about as many unified headers). A
-// unified header without L says nothing of its CID's length: see
-// ShortCID. It is for the drop path: it costs up to MaxCIDLen header
-// checks where Classify costs one walk. It does not allocate.
+// is reported too (17 of 10,000 random tls12_cid records in the
+// package's test, 21 of 10,000 unified headers). A unified header without
+// L says nothing of its CID's length: see ShortCID. It is for the drop
+// path: it costs up to MaxCIDLen header checks where Classify costs one
+// walk. It does not allocate.
 func MismatchedCID(b []byte, cidLen int) (cid []byte, ok bool) {
 	rest, ok := firstCIDRecord(b, cidLen)
 	if !ok || IsUnified(rest[0]) && rest[0]&UnifiedLength == 0 {
