@@ -15,8 +15,9 @@ const (
 	// ordinal.
 	KindNew Kind = iota + 1
 	// KindEstablished: the datagram carries a CID the server chose (a DTLS
-	// tls12_cid record, a QUIC short header or Handshake packet). Route it
-	// by the ordinal in ID, never by hashing.
+	// tls12_cid record or DTLS 1.3 unified header with a CID, a QUIC short
+	// header or Handshake packet). Route it by the ordinal in ID, never by
+	// hashing.
 	KindEstablished
 )
 
@@ -53,7 +54,8 @@ type Class struct {
 
 // A Classifier reads a datagram's routing class. It must not allocate or
 // retain b, and must be safe for concurrent use. An error means the
-// datagram is malformed and is dropped.
+// datagram is malformed and is dropped, except ErrDTLS13NoCID, which
+// drops it as DTLS13NoCID.
 type Classifier interface {
 	// Classify returns b's class, or an error when b is malformed.
 	Classify(b []byte) (Class, error)
@@ -65,16 +67,23 @@ type ClassifierFunc func(b []byte) (Class, error)
 // Classify calls f(b).
 func (f ClassifierFunc) Classify(b []byte) (Class, error) { return f(b) }
 
-// DTLSClassifier classifies DTLS 1.2 datagrams whose tls12_cid records carry
-// CIDs of CIDLen bytes.
+// DTLSClassifier classifies DTLS datagrams whose CID records carry CIDs
+// of CIDLen bytes: DTLS 1.2 tls12_cid records (RFC 9146) and DTLS 1.3
+// unified headers with the C bit (RFC 9147), which route alike.
 type DTLSClassifier struct {
-	CIDLen int // the server CID length: tls12_cid records carry no length
+	CIDLen int // the server CID length: tls12_cid records and unified headers carry no length
+	// RequireDTLS13CID rejects with ErrDTLS13NoCID a datagram with DTLS
+	// 1.3 ciphertext records none of which carries a CID, unless it opens
+	// a session (its ClientHello's 0-RTT records cannot carry the CID the
+	// server has not yet given). Without it such a datagram is new, hashed
+	// by client address like DTLS 1.2 records of a session without CIDs.
+	RequireDTLS13CID bool
 }
 
 // Classify implements Classifier with dtls.Classify.
 func (c DTLSClassifier) Classify(b []byte) (Class, error) {
 	var cl Class
-	err := classifyDTLS(b, c.CIDLen, &cl)
+	err := classifyDTLS(b, c.CIDLen, c.RequireDTLS13CID, &cl)
 	return cl, err
 }
 
@@ -94,10 +103,13 @@ func (c QUICClassifier) Classify(b []byte) (Class, error) {
 // classifyDTLS and classifyQUIC fill *c in place: the Router calls them
 // directly, since a Class returned by value through an interface costs as
 // much as the parse.
-func classifyDTLS(b []byte, cidLen int, c *Class) error {
+func classifyDTLS(b []byte, cidLen int, requireCID13 bool, c *Class) error {
 	d, err := dtls.Classify(b, cidLen)
 	if err != nil {
 		return err
+	}
+	if requireCID13 && d.Kind == dtls.KindNew && d.Unified && !d.ClientHello {
+		return ErrDTLS13NoCID
 	}
 	// Field by field: a composite literal is built aside and copied.
 	c.Kind, c.ID, c.Handshake, c.ZeroRTT = KindNew, nil, d.StartsSession(), false

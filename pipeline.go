@@ -27,8 +27,8 @@ type Service struct {
 	// send. A wildcard address listens on every local address.
 	Listen netip.AddrPort
 	// RouterConfig holds the routing fields: Protocol, Codec or CIDLen,
-	// Classifier, Backends, Encoder, Unroutable, Transparent and
-	// PublicAddr (zero means Listen). The public address is in the HRW
+	// Classifier, RequireDTLS13CID, Backends, Encoder, Unroutable,
+	// Transparent and PublicAddr (zero means Listen). The public address is in the HRW
 	// key of new DTLS sessions, so all replicas must be configured with
 	// the same one: behind a load balancer, the VIP. When it is a
 	// wildcard, the PPv2 destination is the address each datagram was

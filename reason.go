@@ -28,6 +28,7 @@ const (
 	OwnAddress                    // forward: the chosen backend is one of the proxy's own addresses (a loop)
 	TooBig                        // larger than Config.MaxDatagram (PPv2 header not counted), or the kernel refused to send it as too big (EMSGSIZE)
 	CIDLength                     // forward: a CID of another length than the service's (see ErrCIDLength): the backends and the proxy disagree on it
+	DTLS13NoCID                   // forward: valid DTLS 1.3 records the service cannot route by CID (see ErrDTLS13NoCID): none carries one where RouterConfig.RequireDTLS13CID asks for it, or the only one is too short for the service's CID length
 
 	// NumReasons is the number of Reasons, Forwarded included: the size
 	// of Counters.Dropped.
@@ -51,6 +52,7 @@ var reasonNames = [NumReasons]string{
 	OwnAddress:      "own_address",
 	TooBig:          "too_big",
 	CIDLength:       "cid_length",
+	DTLS13NoCID:     "dtls13_no_cid",
 }
 
 // String returns the reason's metric label ("" for Forwarded).
@@ -69,7 +71,8 @@ type ReasonSet uint32
 const (
 	// ForwardDrops are the reasons of the client → backend direction.
 	ForwardDrops ReasonSet = 1<<Malformed | 1<<UnknownOrdinal | 1<<NotServing | 1<<Unroutable |
-		1<<NoReadyBackend | 1<<StaleRegistry | 1<<RateLimited | 1<<OwnAddress | 1<<SessionLimit | 1<<SendError | 1<<TooBig | 1<<CIDLength
+		1<<NoReadyBackend | 1<<StaleRegistry | 1<<RateLimited | 1<<OwnAddress | 1<<SessionLimit | 1<<SendError | 1<<TooBig | 1<<CIDLength |
+		1<<DTLS13NoCID
 	// ReverseDrops are the reasons of the backend → client direction.
 	ReverseDrops ReasonSet = 1<<Malformed | 1<<UntrustedSender | 1<<BadProxyHeader | 1<<BadDestination | 1<<SendError | 1<<TooBig
 )

@@ -150,6 +150,24 @@ var ErrConfig = errors.New("cidroute: invalid configuration")
 // Malformed, and its established CIDs of another length CIDLength.
 var ErrCIDLength = errors.New("cidroute: CID of another length than the service's")
 
+// ErrDTLS13NoCID is the Decision.Err of a datagram dropped as DTLS13NoCID:
+// well-formed DTLS 1.3 (RFC 9147) that the service cannot route by CID.
+// Either
+//
+//   - its ciphertext records (unified headers) carry no CID, it opens no
+//     session, and RouterConfig.RequireDTLS13CID asks for one (the
+//     DTLSClassifier returns it); or
+//   - its first CID record, the last of the datagram, is a unified header
+//     without length that is too short for a CID of the service's length
+//     and 16 bytes of ciphertext, but not for a shorter CID
+//     (dtls.ShortCID, tried on the drop path only): a peer that uses
+//     shorter CIDs than the service, by how much the record does not say.
+//     Only services whose CIDs are longer than 16 bytes can see it.
+//
+// A unified header with length whose CID is of another length is
+// CIDLength, as a tls12_cid record is.
+var ErrDTLS13NoCID = errors.New("cidroute: DTLS 1.3 records without a CID the service can route by")
+
 // UnroutablePolicy says what the forward rule does with a datagram whose
 // CID the codec marks not routable: a QUIC-LB CID with config rotation
 // 0b111, or with a rotation codepoint this service is not configured with.
@@ -227,6 +245,14 @@ type RouterConfig struct {
 	CIDLen int
 	// Classifier nil means the protocol's classifier for Codec.Len().
 	Classifier Classifier
+	// RequireDTLS13CID (DTLS, with the built-in classifier) drops DTLS 1.3
+	// ciphertext records without a CID as DTLS13NoCID instead of hashing
+	// them by client address (DTLSClassifier.RequireDTLS13CID): for a
+	// service whose backends always issue CIDs, a session without one is
+	// then counted at once rather than lost at its client's first address
+	// change. It also drops 0-RTT records sent apart from their
+	// ClientHello, which cannot carry a CID yet.
+	RequireDTLS13CID bool
 	// Backends is required.
 	Backends Backends
 	// Encoder nil means PPv2Encoder{}.
@@ -299,10 +325,13 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 			return nil, fmt.Errorf("router: %w: %w", err, ErrConfig)
 		}
 	}
+	if cfg.RequireDTLS13CID && (cfg.Protocol != DTLS || r.cls != nil) {
+		return nil, fmt.Errorf("router: RequireDTLS13CID applies to DTLS services with the built-in classifier: %w", ErrConfig)
+	}
 	if r.cls == nil {
 		switch cfg.Protocol {
 		case DTLS:
-			r.cls = DTLSClassifier{CIDLen: r.codec.Len()}
+			r.cls = DTLSClassifier{CIDLen: r.codec.Len(), RequireDTLS13CID: cfg.RequireDTLS13CID}
 		case QUIC:
 			r.cls = QUICClassifier{CIDLen: r.codec.Len()}
 		default:
@@ -372,7 +401,8 @@ type Decision struct {
 	// CIDLength, the CID as it came, of its own length).
 	Class Class
 	// Err is the classifier's or encoder's error when Reason is Malformed,
-	// ErrCIDLength when it is CIDLength.
+	// ErrCIDLength when it is CIDLength, ErrDTLS13NoCID (or the
+	// classifier's error that wraps it) when it is DTLS13NoCID.
 	Err error
 }
 
@@ -384,7 +414,9 @@ type Decision struct {
 // and may be the zero Addr otherwise. In order:
 //
 //   - a datagram the classifier rejects is Malformed, or CIDLength when
-//     it carries a server CID of another length (ErrCIDLength);
+//     it carries a server CID of another length (ErrCIDLength), or
+//     DTLS13NoCID when it is DTLS 1.3 the service cannot route by CID
+//     (ErrDTLS13NoCID);
 //   - v.Admission refuses it (RateLimited); whatever starts a session
 //     anywhere in the datagram counts against the handshake and 0-RTT
 //     limits (see Class);
@@ -411,8 +443,13 @@ func (r *Router) Forward(hdr, b []byte, client netip.AddrPort, local netip.Addr,
 func (r *Router) forward(d *Decision, hdr, b []byte, client netip.AddrPort, local netip.Addr, v *View) []byte {
 	if err := r.classify(b, &d.Class); err != nil {
 		d.Reason, d.Err = Malformed, err
-		if r.mismatchedCID(b, &d.Class) {
+		switch {
+		case errors.Is(err, ErrDTLS13NoCID):
+			d.Reason = DTLS13NoCID
+		case r.mismatchedCID(b, &d.Class):
 			d.Reason, d.Err = CIDLength, ErrCIDLength
+		case r.shortCID(b):
+			d.Reason, d.Err = DTLS13NoCID, ErrDTLS13NoCID
 		}
 		return hdr
 	}
@@ -554,7 +591,7 @@ func (r *Router) reverse(rep *Reply, b []byte, from netip.AddrPort, sess Session
 func (r *Router) classify(b []byte, c *Class) error {
 	switch cls := r.cls.(type) {
 	case DTLSClassifier:
-		return classifyDTLS(b, cls.CIDLen, c)
+		return classifyDTLS(b, cls.CIDLen, cls.RequireDTLS13CID, c)
 	case QUICClassifier:
 		return classifyQUIC(b, cls.CIDLen, c)
 	}
@@ -585,6 +622,14 @@ func (r *Router) mismatchedCID(b []byte, c *Class) bool {
 	}
 	*c = Class{Kind: KindEstablished, ID: cid}
 	return true
+}
+
+// shortCID reports, for datagram b that the classifier rejected, whether
+// it is DTLS 1.3 whose CID record is too short for the service's CID
+// (dtls.ShortCID; see ErrDTLS13NoCID). It runs on the drop path only.
+func (r *Router) shortCID(b []byte) bool {
+	cls, ok := r.cls.(DTLSClassifier)
+	return ok && dtls.ShortCID(b, cls.CIDLen)
 }
 
 // isPublic reports whether a is the public address; when that is a

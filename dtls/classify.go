@@ -10,7 +10,8 @@ const (
 	// KindNew: no record has a CID (a ClientHello, other handshake or
 	// alert records, or a session without CIDs). Route by hashing.
 	KindNew
-	// KindEstablished: at least one tls12_cid record. Route by its CID.
+	// KindEstablished: at least one tls12_cid record, or DTLS 1.3 record
+	// whose unified header has the C bit. Route by its CID.
 	KindEstablished
 )
 
@@ -29,10 +30,12 @@ func (k Kind) String() string {
 type Class struct {
 	// Kind says how to route the datagram: by hashing or by CID.
 	Kind Kind
-	// CID is the CID of the first tls12_cid record, a view into the
-	// datagram, valid only while it is (KindEstablished only). Later CID
-	// records are validated as records but their CIDs are not compared: a
-	// peer sends one connection's records per datagram.
+	// CID is the CID of the first record that carries one (tls12_cid, or
+	// a unified header with the C bit), a view into the datagram, valid
+	// only while it is (KindEstablished only). Later CID records are
+	// validated as records but their CIDs are not compared: a peer sends
+	// one connection's records per datagram (RFC 9147 §4 tells a receiver
+	// to discard the rest of a datagram whose CIDs differ).
 	CID []byte
 	// ClientHello reports that some record of the datagram is an epoch-0
 	// handshake record whose fragment starts with msg_type client_hello
@@ -45,6 +48,9 @@ type Class struct {
 	// number of valid records before the one that failed, which is the
 	// failing record's index.
 	Records int
+	// Unified reports that some record has a DTLS 1.3 unified header (an
+	// encrypted DTLS 1.3 record), with or without a CID.
+	Unified bool
 }
 
 // StartsSession reports whether the datagram opens a session at a server:
@@ -90,9 +96,9 @@ func HelloSeq(b []byte, cidLen int) (seq uint16, ok bool) {
 	return seq, ok
 }
 
-// isClientHello reports whether a whole record (header of h bytes, at
-// least one fragment byte) is an epoch-0 handshake record whose fragment
-// starts a ClientHello.
+// isClientHello reports whether a whole record with the DTLS 1.2 header
+// (of h bytes, at least one fragment byte) is an epoch-0 handshake record
+// whose fragment starts a ClientHello.
 func isClientHello(rec []byte, h int) bool {
 	return rec[0] == byte(Handshake) && rec[3]|rec[4] == 0 && rec[h] == byte(HandshakeClientHello)
 }
@@ -109,21 +115,67 @@ func classifyError(b []byte, cidLen, records int) (Class, error) {
 
 // MismatchedCID reports whether b, a datagram that Classify rejects with
 // cidLen, is well-formed DTLS under another CID length: the walk fails at
-// a tls12_cid record that no other tls12_cid record precedes, and the
-// datagram classifies from there with some length n ≠ cidLen (the
-// shortest n from MinCIDLen up). cid is then that record's CID, n bytes,
-// a view into b. The CID length is not on the wire, so this is the
-// closest a proxy can come to telling a server that issues CIDs of another
-// length apart from a broken datagram; a corrupt record that happens to
-// parse under another length is reported too (17 of 10,000 random ones
-// in the package's test). It is for the drop path: it costs up to MaxCIDLen header checks
-// where Classify costs one walk. It does not allocate.
+// a record with a CID (tls12_cid, or a unified header with the C and L
+// bits) that no other CID record precedes, and the datagram classifies
+// from there with some length n ≠ cidLen (the shortest n from MinCIDLen
+// up). cid is then that record's CID, n bytes, a view into b. The CID
+// length is not on the wire, so this is the closest a proxy can come to
+// telling a server that issues CIDs of another length apart from a broken
+// datagram; a corrupt record that happens to parse under another length
+// is reported too (17 of 10,000 random ones in the package's test). A
+// unified header without L says nothing of its CID's length: see
+// ShortCID. It is for the drop path: it costs up to MaxCIDLen header
+// checks where Classify costs one walk. It does not allocate.
 func MismatchedCID(b []byte, cidLen int) (cid []byte, ok bool) {
+	rest, ok := firstCIDRecord(b, cidLen)
+	if !ok || IsUnified(rest[0]) && rest[0]&UnifiedLength == 0 {
+		return nil, false
+	}
+	hl := HeaderLen // the header without its CID
+	if IsUnified(rest[0]) {
+		hl = unifiedHeaderLen(rest[0])
+	}
+	for n := MinCIDLen; n <= MaxCIDLen && hl+n <= len(rest); n++ {
+		if _, _, err := parseRecord(rest, n); n == cidLen || err != nil {
+			continue // the first record does not fit: no need to walk
+		}
+		if c, err := Classify(rest, n); err == nil {
+			return c.CID, true
+		}
+	}
+	return nil, false
+}
+
+// ShortCID reports whether b, a datagram that Classify rejects with
+// cidLen, fails only at its last record, a DTLS 1.3 unified header with
+// the C bit and without L, that is too short for a CID of cidLen bytes
+// and the 16 bytes of ciphertext RFC 9147 §4.2.3 requires, but holds them
+// with a shorter CID: well-formed DTLS 1.3 from a peer whose CIDs are
+// shorter than the service's, by how much the record cannot tell. As for
+// MismatchedCID, no CID record may precede it. It is for the drop path.
+// It does not allocate.
+func ShortCID(b []byte, cidLen int) bool {
+	rest, ok := firstCIDRecord(b, cidLen)
+	if !ok || !IsUnified(rest[0]) || rest[0]&UnifiedLength != 0 {
+		return false
+	}
+	h := unifiedHeaderLen(rest[0])
+	return len(rest) < h+cidLen+minCiphertext13 && len(rest) >= h+MinCIDLen+minCiphertext13
+}
+
+// minCiphertext13 is the shortest DTLS 1.3 encrypted_record: record
+// number encryption samples 16 bytes of it (RFC 9147 §4.2.3).
+const minCiphertext13 = 16
+
+// firstCIDRecord returns, for a datagram b that Classify rejects with
+// cidLen, the rest of b from its first record with a CID when the walk
+// fails there: the records before it are valid and carry no CID.
+func firstCIDRecord(b []byte, cidLen int) (rest []byte, ok bool) {
 	if cidLen < MinCIDLen || cidLen > MaxCIDLen {
 		return nil, false
 	}
 	off := 0
-	for off < len(b) && ContentType(b[off]) != TLS12CID {
+	for off < len(b) && !hasCID(b[off]) {
 		_, n, err := parseRecord(b[off:], cidLen)
 		if err != nil {
 			return nil, false // broken before any CID record
@@ -136,15 +188,11 @@ func MismatchedCID(b []byte, cidLen int) (cid []byte, ok bool) {
 	if _, _, err := parseRecord(b[off:], cidLen); err == nil {
 		return nil, false // the CID record fits: the fault is elsewhere
 	}
-	rest := b[off:]
-	for n := MinCIDLen; n <= MaxCIDLen && HeaderLen+n <= len(rest); n++ {
-		l := int(rest[11+n])<<8 | int(rest[12+n])
-		if n == cidLen || l == 0 || l > len(rest)-HeaderLen-n {
-			continue // the first record does not fit: no need to walk
-		}
-		if c, err := Classify(rest, n); err == nil {
-			return c.CID, true
-		}
-	}
-	return nil, false
+	return b[off:], true
+}
+
+// hasCID reports whether a record that starts with b0 carries a CID: a
+// tls12_cid record, or a unified header with the C bit.
+func hasCID(b0 byte) bool {
+	return ContentType(b0) == TLS12CID || IsUnified(b0) && b0&UnifiedCID != 0
 }

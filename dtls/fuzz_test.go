@@ -22,6 +22,8 @@ func isSentinel(err error) bool {
 
 func FuzzParseRecord(f *testing.F) {
 	f.Add(datagram(cidRecord), byte(8))
+	f.Add(datagram(u13(0x3e, cid8, 0x0102, ct16)), byte(8))
+	f.Add(datagram(u13(0x31, cid8, 7, ct16)), byte(8))
 	f.Fuzz(func(t *testing.T, b []byte, cidLen8 byte) {
 		cidLen := int(cidLen8)
 		r, n, err := ParseRecord(b, cidLen)
@@ -31,11 +33,21 @@ func FuzzParseRecord(f *testing.F) {
 			}
 			return
 		}
-		if n <= HeaderLen || n > len(b) || len(r.Fragment) == 0 {
+		min := HeaderLen
+		if r.Unified != 0 {
+			min = unifiedHeaderLen(r.Unified)
+			if r.Unified != b[0] || r.Type != 0 || r.Version != 0 || r.Epoch > 3 || r.Seq >= 1<<16 {
+				t.Fatalf("unified header %#02x read as %+v", b[0], r)
+			}
+			if r.Unified&UnifiedLength == 0 && n != len(b) {
+				t.Fatalf("a record without length ends at %d of %d", n, len(b))
+			}
+		}
+		if n <= min || n > len(b) || len(r.Fragment) == 0 {
 			t.Fatalf("n=%d len=%d fragment=%d", n, len(b), len(r.Fragment))
 		}
-		if (r.Type == TLS12CID) != (len(r.CID) == cidLen) {
-			t.Fatalf("type %v with CID of %d bytes, cidLen %d", r.Type, len(r.CID), cidLen)
+		if hasCID := r.Type == TLS12CID || r.Unified&UnifiedCID != 0; hasCID != (len(r.CID) == cidLen) || hasCID != (r.CID != nil) {
+			t.Fatalf("type %v, unified %#02x with CID of %d bytes, cidLen %d", r.Type, r.Unified, len(r.CID), cidLen)
 		}
 		// Views into b, ending where the record ends.
 		if &r.Fragment[len(r.Fragment)-1] != &b[n-1] {
@@ -49,12 +61,29 @@ func FuzzParseRecord(f *testing.F) {
 
 func FuzzClassify(f *testing.F) {
 	f.Add(flight5, byte(8))
+	f.Add(datagram(hello13, u13(0x2d, nil, 0, ct16)), byte(8))
+	f.Add(datagram(u13(0x3e, cid8, 0, ct16), u13(0x32, cid8, 1, ct16)), byte(8))
 	f.Fuzz(func(t *testing.T, b []byte, cidLen8 byte) {
 		cidLen := int(cidLen8)
 		c, err := Classify(b, cidLen)
 		checkAgainstWalk(t, b, cidLen, c, err)
 		if _, ok := HelloSeq(b, cidLen); ok && (err != nil || !c.ClientHello) {
 			t.Fatalf("HelloSeq found a ClientHello where Classify says %+v, %v", c, err)
+		}
+		// A CID is routed only when all of it is in the datagram, at the
+		// service's length.
+		if c.CID != nil && (len(c.CID) != cidLen || !within(c.CID, b)) {
+			t.Fatalf("CID % x of %d bytes, cidLen %d, not a whole view of the datagram", c.CID, len(c.CID), cidLen)
+		}
+		// The drop path's two verdicts are for datagrams Classify
+		// rejects, and exclude each other.
+		mcid, mismatched := MismatchedCID(b, cidLen)
+		short := ShortCID(b, cidLen)
+		if err == nil && (mismatched || short) || mismatched && short {
+			t.Fatalf("Classify %v, MismatchedCID %v, ShortCID %v", err, mismatched, short)
+		}
+		if mismatched && (len(mcid) == cidLen || !within(mcid, b)) {
+			t.Fatalf("MismatchedCID % x, cidLen %d", mcid, cidLen)
 		}
 	})
 }
@@ -81,15 +110,16 @@ func checkAgainstWalk(t *testing.T, b []byte, cidLen int, c Class, err error) {
 			break
 		}
 		want.ClientHello = want.ClientHello || r.Type == Handshake && r.Epoch == 0 && r.Fragment[0] == 1
-		if r.Type == TLS12CID && want.CID == nil {
+		if (r.Type == TLS12CID || r.Unified&UnifiedCID != 0) && want.CID == nil {
 			want.CID = r.CID
 		}
+		want.Unified = want.Unified || r.Unified != 0
 		want.Records++
 		rest = rest[n:]
 	}
 	switch {
 	case werr != nil:
-		want = Class{Records: want.Records}
+		want = Class{Records: want.Records} // Unified too is only for a valid datagram
 		if errors.Is(werr, ErrCIDLength) {
 			want.Records = 0
 		}
@@ -98,7 +128,7 @@ func checkAgainstWalk(t *testing.T, b []byte, cidLen int, c Class, err error) {
 	default:
 		want.Kind = KindNew
 	}
-	if err != werr || c.Kind != want.Kind || c.Records != want.Records || c.ClientHello != want.ClientHello ||
+	if err != werr || c.Kind != want.Kind || c.Records != want.Records || c.ClientHello != want.ClientHello || c.Unified != want.Unified ||
 		!bytes.Equal(c.CID, want.CID) || (c.CID != nil && &c.CID[0] != &want.CID[0]) {
 		t.Fatalf("Classify = %+v, %v; walk = %+v, %v", c, err, want, werr)
 	}

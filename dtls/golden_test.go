@@ -98,8 +98,9 @@ func TestGoldenCorrupted(t *testing.T) {
 	}
 }
 
-// writeSeeds rewrites the fuzz seed corpora from the golden datagrams and
-// the synthetic cases of record_test.go.
+// writeSeeds rewrites the fuzz seed corpora from the golden datagrams, the
+// synthetic cases of record_test.go and unified_test.go, and the vectors
+// of vector_test.go.
 func writeSeeds(t *testing.T) {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join("testdata", "*.hex"))
@@ -118,6 +119,11 @@ func writeSeeds(t *testing.T) {
 	for _, tc := range classifyCases {
 		writeSeed(t, "FuzzClassify", "synthetic_"+tc.name, tc.in, uint8(tc.cidLen))
 		writeSeed(t, "FuzzParseRecord", "synthetic_"+tc.name, tc.in, uint8(tc.cidLen))
+	}
+	for _, v := range readVectors(t) {
+		name := strings.ReplaceAll(v.name, "/", "_")
+		writeSeed(t, "FuzzClassify", name, v.b, uint8(v.cidLen))
+		writeSeed(t, "FuzzParseRecord", name, v.b, uint8(v.cidLen))
 	}
 }
 

@@ -18,9 +18,25 @@ import (
 var update = flag.Bool("update", false, "rewrite the fuzz seed corpora from testdata/*.hex and the table cases")
 
 // appendRecord is the reference encoder the tests build records with. It
-// writes r.CID only for TLS12CID records and takes the length from
-// r.Fragment.
+// writes r.CID only for TLS12CID records and unified headers with the C
+// bit, and takes the length from r.Fragment.
 func appendRecord(dst []byte, r Record) []byte {
+	if f := r.Unified; f != 0 {
+		// RFC 9147 §4: 001CSLEE, CID (C), sequence number 8 or 16 bits (S),
+		// length (L), encrypted_record.
+		dst = append(dst, f)
+		if f&0x10 != 0 {
+			dst = append(dst, r.CID...)
+		}
+		if f&0x08 != 0 {
+			dst = append(dst, byte(r.Seq>>8))
+		}
+		dst = append(dst, byte(r.Seq))
+		if f&0x04 != 0 {
+			dst = append(dst, byte(len(r.Fragment)>>8), byte(len(r.Fragment)))
+		}
+		return append(dst, r.Fragment...)
+	}
 	dst = append(dst, byte(r.Type), byte(r.Version>>8), byte(r.Version), byte(r.Epoch>>8), byte(r.Epoch))
 	for s := 40; s >= 0; s -= 8 {
 		dst = append(dst, byte(r.Seq>>s))

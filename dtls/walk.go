@@ -4,10 +4,16 @@ package dtls
 
 // Classify walks every record of the datagram b and reports its routing
 // class. cidLen is the service's configured CID length (MinCIDLen to
-// MaxCIDLen). It fails when any record is malformed, when bytes follow the
-// last whole record, or on a DTLS 1.3 unified header; a datagram with a
-// broken record is never reported as new, even if an earlier record was a
-// valid ClientHello. It does not allocate.
+// MaxCIDLen), that of tls12_cid records and of DTLS 1.3 unified headers
+// with the C bit alike. It fails when any record is malformed or when
+// bytes follow the last whole record; a datagram with a broken record is
+// never reported as new, even if an earlier record was a valid
+// ClientHello. It does not allocate.
+//
+// DTLS 1.3 (RFC 9147): its plaintext records (ClientHello, HelloRetryRequest,
+// ACK) have the DTLS 1.2 header; its ciphertext records the unified
+// header, a CID in which routes the datagram as a tls12_cid record's does.
+// A unified header without length runs to the end of the datagram.
 //
 // Mixed datagrams: RFC 6347 §4.1 lets a datagram hold several records and
 // neither it nor RFC 9146 forbids a ClientHello (a new association) beside
@@ -31,8 +37,32 @@ func Classify(b []byte, cidLen int) (Class, error) {
 	}
 	var cid []byte
 	records := 0
-	hello := false
+	hello, unified := false, false
 	for len(b) > 0 {
+		if IsUnified(b[0]) {
+			f := b[0]
+			h := unifiedHeaderLen(f)
+			if f&UnifiedCID != 0 {
+				h += cidLen
+			}
+			if len(b) < h {
+				return classifyError(b, cidLen, records)
+			}
+			if f&UnifiedCID != 0 && cid == nil {
+				cid = b[1 : 1+cidLen : 1+cidLen]
+			}
+			l := len(b) - h
+			if f&UnifiedLength != 0 {
+				l = int(b[h-2])<<8 | int(b[h-1])
+			}
+			if l == 0 || l > len(b)-h {
+				return classifyError(b, cidLen, records)
+			}
+			unified = true
+			records++
+			b = b[h+l:]
+			continue
+		}
 		if len(b) < HeaderLen || (uint16(b[1])<<8|uint16(b[2]))|2 != VersionDTLS10 { // fe fd or fe ff
 			return classifyError(b, cidLen, records)
 		}
@@ -46,6 +76,7 @@ func Classify(b []byte, cidLen int) (Class, error) {
 			if cid == nil {
 				cid = b[11 : h-2 : h-2]
 			}
+		case t == ACK:
 		case t < ChangeCipherSpec || t > ApplicationData:
 			return classifyError(b, cidLen, records)
 		}
@@ -59,7 +90,7 @@ func Classify(b []byte, cidLen int) (Class, error) {
 		b = b[h+l:]
 	}
 	if cid == nil {
-		return Class{Kind: KindNew, ClientHello: hello, Records: records}, nil
+		return Class{Kind: KindNew, ClientHello: hello, Records: records, Unified: unified}, nil
 	}
-	return Class{Kind: KindEstablished, CID: cid, ClientHello: hello, Records: records}, nil
+	return Class{Kind: KindEstablished, CID: cid, ClientHello: hello, Records: records, Unified: unified}, nil
 }

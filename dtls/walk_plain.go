@@ -21,9 +21,10 @@ func Classify(b []byte, cidLen int) (Class, error) {
 			}
 			return Class{Records: c.Records}, err
 		}
-		if r.Type == TLS12CID && c.CID == nil {
-			c.CID = r.CID
+		if r.CID != nil && c.CID == nil {
+			c.CID = r.CID // tls12_cid, or a unified header with the C bit
 		}
+		c.Unified = c.Unified || r.Unified != 0
 		c.ClientHello = c.ClientHello || r.Type == Handshake && r.Epoch == 0 && r.Fragment[0] == byte(HandshakeClientHello)
 		c.Records++
 		b = b[n:]
