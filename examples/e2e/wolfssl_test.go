@@ -335,7 +335,7 @@ func TestInteropWolfSSL(t *testing.T) {
 			require.NoError(t, c.stdin.Close())
 			c.waitFor(t, "BYE")
 			w.srvs[ord].waitFor(t, "CLOSED ")
-			maybeWriteWolfSSLVectors(t, c, ord)
+			maybeWriteWolfSSLVectors(t, w.dir, c, ord)
 		}
 		w.checkHandshakes(t, 1, 1)
 	})
@@ -411,7 +411,7 @@ func TestInteropWolfSSL(t *testing.T) {
 // the datagrams of its ordinal-1 client as dtls test vectors (NAME.hex +
 // NAME.expect, dtls/testdata/README.md):
 //
-//	go test -run 'TestInteropWolfSSL/.*/handshake' ./examples/e2e \
+//	go test -run TestInteropWolfSSL/wolfssl-dtls13/transparent/handshake ./examples/e2e \
 //	    -wolfssl-vectors=$PWD/dtls/testdata/wolfssl
 var wolfsslVectors = flag.String("wolfssl-vectors", "", "write the captured wolfSSL datagrams as dtls test vectors into this directory")
 
@@ -503,44 +503,121 @@ func (r wolfsslRecord) String() string {
 	return s
 }
 
+// hrrRandom is the ServerHello.random that makes it a HelloRetryRequest
+// (RFC 8446 §4.1.3): SHA-256 of "HelloRetryRequest".
+const hrrRandom = "cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c"
+
+// wolfsslLabel names a datagram by its first record: what a reader of
+// the wire can tell without keys.
+func wolfsslLabel(b []byte, r wolfsslRecord) string {
+	switch {
+	case r.hsType == 1:
+		return "clienthello"
+	case r.hsType == 2 && len(b) >= 13+12+2+32 && hex.EncodeToString(b[13+12+2:13+12+2+32]) == hrrRandom:
+		return "hrr"
+	case r.hsType == 2:
+		return "serverhello"
+	case r.unified:
+		return fmt.Sprintf("epoch%d", r.epoch)
+	}
+	return fmt.Sprintf("type%d", r.ctype)
+}
+
+// wolfsslVector is one datagram to write with what it is.
+type wolfsslVector struct {
+	name, note string
+	toServer   bool
+	b          []byte
+}
+
 // maybeWriteWolfSSLVectors writes c's datagrams when -wolfssl-vectors is
-// set and ord is 1. The expectations follow from RFC 9147 and the
-// routing rules: a ClientHello opens a session; a unified-header record
-// with the server's CID is an established session's, routed by the
-// ordinal in its first byte.
-func maybeWriteWolfSSLVectors(t *testing.T, c *wolfsslClient, ord int) {
+// set and ord is 1, and a few derived from them in the header forms
+// wolfSSL 5.5.4 never sends (8-bit sequence number, no length, two
+// records in a datagram). The expectations follow from RFC 9147 and the
+// routing rules, read by walkWolfSSL: a ClientHello opens a session; a
+// unified-header record with the receiver's CID is an established
+// session's, routed by the ordinal in its first byte.
+func maybeWriteWolfSSLVectors(t *testing.T, dir string, c *wolfsslClient, ord int) {
 	t.Helper()
 	if *wolfsslVectors == "" || ord != 1 {
 		return
 	}
+	v, err := os.ReadFile(filepath.Join(dir, "VERSION"))
+	require.NoError(t, err)
+	version := strings.TrimSpace(string(v))
 	require.NoError(t, os.MkdirAll(*wolfsslVectors, 0o755))
 	c.relay.mu.Lock()
 	log := append([]wolfsslDatagram(nil), c.relay.log...)
 	c.relay.mu.Unlock()
+
+	var vs []wolfsslVector
+	var finished, appdata []byte
 	n := map[string]int{}
 	for _, d := range log {
 		side, cidLen := "client", len(c.cid)
 		if !d.toServer {
 			side, cidLen = "server", 4 // the client's CID: cidclient -l 4
 		}
+		recs, err := walkWolfSSL(d.b, cidLen)
+		require.NoError(t, err, "%x", d.b)
 		phase := strings.ReplaceAll(d.phase, " ", "")
 		n[side+phase]++
-		name := fmt.Sprintf("%s_%s_%d", side, phase, n[side+phase])
-		recs, err := walkWolfSSL(d.b, cidLen)
-		require.NoError(t, err, "%s: %x", name, d.b)
+		label := wolfsslLabel(d.b, recs[0])
+		note := fmt.Sprintf("%s phase, datagram %d of this direction", d.phase, n[side+phase])
+		switch {
+		case d.toServer && d.phase == "handshake" && label == "epoch2":
+			note += ": the client's Finished, its only epoch-2 message (no client certificate)"
+			finished = d.b
+		case d.toServer && d.phase == "data 0":
+			note += ": application data"
+			appdata = d.b
+		case !d.toServer && d.phase == "handshake" && label == "epoch2":
+			note += ": one message of EncryptedExtensions, Certificate, CertificateVerify, Finished (in that order)"
+		case !d.toServer && d.phase == "handshake" && label == "epoch3":
+			note += ": the ACK of the client's Finished (inner plaintext 19 bytes: one record number)"
+		case d.phase == "close":
+			note += ": close_notify"
+		}
+		vs = append(vs, wolfsslVector{name: fmt.Sprintf("%s_%s_%d_%s", side, phase, n[side+phase], label), note: note, toServer: d.toServer, b: d.b})
+	}
+	require.NotNil(t, finished, "no client Finished captured")
+	require.NotNil(t, appdata, "no client application data captured")
+
+	// Derived forms: the same record with the header shortened as RFC 9147
+	// §4 allows. Only the header changes (the ciphertext cannot be
+	// decrypted any more, which routing never needs).
+	cidEnd := 1 + len(c.cid)
+	seq8 := append([]byte{appdata[0] &^ 0x08}, appdata[1:cidEnd]...)
+	seq8 = append(append(seq8, appdata[cidEnd+1]), appdata[cidEnd+2:]...)
+	noLen := append([]byte{appdata[0] &^ 0x04}, appdata[1:cidEnd+2]...)
+	noLen = append(noLen, appdata[cidEnd+4:]...)
+	both := append([]byte{appdata[0] &^ 0x0c}, appdata[1:cidEnd]...)
+	both = append(append(both, appdata[cidEnd+1]), appdata[cidEnd+4:]...)
+	derived := "derived from client_data0_1_epoch3 (wolfSSL 5.5.4 always sets S and L): "
+	vs = append(vs,
+		wolfsslVector{name: "derived_seq8_length", note: derived + "8-bit sequence number (its low byte), length kept", toServer: true, b: seq8},
+		wolfsslVector{name: "derived_seq16_nolength", note: derived + "length field removed: the record runs to the datagram's end", toServer: true, b: noLen},
+		wolfsslVector{name: "derived_seq8_nolength", note: derived + "8-bit sequence number and no length: RFC 9147's shortest header with a CID", toServer: true, b: both},
+		wolfsslVector{name: "derived_finished_appdata", note: "derived: the client's Finished and its first application data record in one datagram (wolfSSL sends one record per datagram)", toServer: true, b: append(append([]byte(nil), finished...), appdata...)},
+	)
+
+	date := time.Now().UTC().Format(time.DateOnly)
+	for _, v := range vs {
+		cidLen, from, whose := len(c.cid), "client -> server", "server's"
+		if !v.toServer {
+			cidLen, from, whose = 4, "server -> client", "client's"
+		}
+		recs, err := walkWolfSSL(v.b, cidLen)
+		require.NoError(t, err, "%s: %x", v.name, v.b)
 
 		var h strings.Builder
-		from, to := "client -> server", "server's"
-		if !d.toServer {
-			from, to = "server -> client", "client's"
-		}
-		fmt.Fprintf(&h, "# wolfSSL 5.5.4 (Debian 5.5.4-2+deb12u2, internal/testpeers/wolfssl) DTLS 1.3, %s,\n", from)
-		fmt.Fprintf(&h, "# %s phase, datagram %d; the %s CID is %d bytes; server ordinal %d.\n", d.phase, n[side+phase], to, cidLen, ord)
+		fmt.Fprintf(&h, "# %s (Debian's source; internal/testpeers/wolfssl) DTLS 1.3, %s,\n", version, from)
+		fmt.Fprintf(&h, "# %s.\n# The %s CID is %d bytes; server ordinal %d.\n", v.note, whose, cidLen, ord)
 		for i, r := range recs {
 			fmt.Fprintf(&h, "# record %d: %v\n", i+1, r)
 		}
-		fmt.Fprintf(&h, "# captured by the relay of examples/e2e TestInteropWolfSSL -wolfssl-vectors, %s\n", time.Now().UTC().Format(time.DateOnly))
-		for b := d.b; len(b) > 0; {
+		fmt.Fprintf(&h, "# written by examples/e2e TestInteropWolfSSL -wolfssl-vectors from its relay's capture, %s\n", date)
+		for b := v.b; len(b) > 0; {
 			k := min(len(b), 32)
 			fmt.Fprintf(&h, "%x\n", b[:k])
 			b = b[k:]
@@ -548,7 +625,7 @@ func maybeWriteWolfSSLVectors(t *testing.T, c *wolfsslClient, ord int) {
 
 		var e strings.Builder
 		fmt.Fprintf(&e, "cid_len: %d\n", cidLen)
-		if !d.toServer {
+		if !v.toServer {
 			e.WriteString("direction: server\n")
 		}
 		hello, unified := false, false
@@ -560,21 +637,18 @@ func maybeWriteWolfSSLVectors(t *testing.T, c *wolfsslClient, ord int) {
 				cid = r.cid
 			}
 		}
-		switch {
-		case hello:
-			e.WriteString("kind: new\n")
-		case cid != nil:
+		if cid != nil {
 			e.WriteString("kind: established\n")
-			if d.toServer {
+			if v.toServer {
 				fmt.Fprintf(&e, "ordinal: %d\n", cid[0])
 			}
 			fmt.Fprintf(&e, "cid: %x\n", cid)
-		default:
+		} else {
 			e.WriteString("kind: new\n")
 		}
 		fmt.Fprintf(&e, "records: %d\nclient_hello: %t\nunified: %t\n", len(recs), hello, unified)
-		require.NoError(t, os.WriteFile(filepath.Join(*wolfsslVectors, name+".hex"), []byte(h.String()), 0o644))
-		require.NoError(t, os.WriteFile(filepath.Join(*wolfsslVectors, name+".expect"), []byte(e.String()), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(*wolfsslVectors, v.name+".hex"), []byte(h.String()), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(*wolfsslVectors, v.name+".expect"), []byte(e.String()), 0o644))
 	}
-	t.Logf("wrote %d vectors into %s", len(log), *wolfsslVectors)
+	t.Logf("wrote %d vectors into %s", len(vs), *wolfsslVectors)
 }
