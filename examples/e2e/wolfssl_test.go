@@ -274,9 +274,8 @@ type wolfsslTier struct {
 	bs        []registry.Backend
 }
 
-func startWolfSSLTier(t *testing.T) *wolfsslTier {
+func startWolfSSLTier(t *testing.T, dir string) *wolfsslTier {
 	t.Helper()
-	dir := wolfsslPeers(t)
 	cert, key := wolfsslCert(t)
 	w := &wolfsslTier{dir: dir, cert: cert}
 	var addrs []netip.AddrPort
@@ -318,11 +317,12 @@ func (w *wolfsslTier) checkHandshakes(t *testing.T, want ...int) {
 // connection IDs through cidproxy in transparent mode. The subtests name
 // peer/mode/scenario.
 func TestInteropWolfSSL(t *testing.T) {
+	dir := wolfsslPeers(t)
 	// handshake: a client per backend; each handshake lands on the backend
 	// HRW names for the client's address, the server's CID carries that
 	// ordinal, and messages sent over time come back from it.
 	t.Run("wolfssl-dtls13/transparent/handshake-echo", func(t *testing.T) {
-		w := startWolfSSLTier(t)
+		w := startWolfSSLTier(t, dir)
 		for ord := range 2 {
 			c := dialWolfSSL(t, w.dir, w.cert, fmt.Sprintf("cidclient %d", ord), w.rs[ord].addr, w.upstreamFor(t, ord))
 			assert.Equal(t, ord, int(c.cid[0]), "the CID names the server HRW chose")
@@ -345,7 +345,7 @@ func TestInteropWolfSSL(t *testing.T) {
 	// routes its CID records by the ordinal, and the server follows the
 	// session to the replica's new upstream socket.
 	t.Run("wolfssl-dtls13/transparent/nat-rebinding", func(t *testing.T) {
-		w := startWolfSSLTier(t)
+		w := startWolfSSLTier(t, dir)
 		for ord := range 2 {
 			c := dialWolfSSL(t, w.dir, w.cert, fmt.Sprintf("cidclient %d", ord), w.rs[0].addr, w.upstreamFor(t, ord))
 			require.Equal(t, ord, c.ask(t, "before"))
@@ -367,7 +367,7 @@ func TestInteropWolfSSL(t *testing.T) {
 	// rebinding. Its session keeps routing to it; a new client goes to the
 	// other backend.
 	t.Run("wolfssl-dtls13/transparent/owner-draining", func(t *testing.T) {
-		w := startWolfSSLTier(t)
+		w := startWolfSSLTier(t, dir)
 		c := dialWolfSSL(t, w.dir, w.cert, "cidclient", w.rs[0].addr, w.upstreamFor(t, 0))
 		require.Equal(t, 0, c.ask(t, "before draining"))
 		// An address from which a new session would land on backend 0
@@ -392,7 +392,7 @@ func TestInteropWolfSSL(t *testing.T) {
 	// balancer that rehashed), from a new port. The second replica has
 	// never seen the session and routes it by the CID alone.
 	t.Run("wolfssl-dtls13/transparent/second-replica", func(t *testing.T) {
-		w := startWolfSSLTier(t)
+		w := startWolfSSLTier(t, dir)
 		for ord := range 2 {
 			c := dialWolfSSL(t, w.dir, w.cert, fmt.Sprintf("cidclient %d", ord), w.rs[0].addr, w.upstreamFor(t, ord))
 			require.Equal(t, ord, c.ask(t, "via replica A"))
