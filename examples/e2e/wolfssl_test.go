@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +38,11 @@ import (
 // ordinal first, the layout cidroute reads by default.
 
 const wolfsslBuild = "internal/testpeers/wolfssl/build.sh"
+
+const (
+	wolfsslCIDLen       = 8 // the servers' CIDs (cidserver -l), cidroute's default
+	wolfsslClientCIDLen = 4 // the clients' CIDs (cidclient -l)
+)
 
 // wolfsslPeers returns the directory build.sh installs into for the
 // current sources. The test skips (fails under CIDROUTE_REQUIRE_TOOLS=1)
@@ -96,7 +102,7 @@ type wolfsslServer struct {
 func startWolfSSLServer(t *testing.T, dir, cert, key string, ord uint8) *wolfsslServer {
 	t.Helper()
 	p := startTransparentProc(t, fmt.Sprintf("cidserver %d", ord), filepath.Join(dir, "bin", "cidserver"),
-		"-c", cert, "-k", key, "-o", strconv.Itoa(int(ord)), "-l", "8")
+		"-c", cert, "-k", key, "-o", strconv.Itoa(int(ord)), "-l", strconv.Itoa(wolfsslCIDLen))
 	line := p.waitFor(t, "LISTEN ")
 	addr, err := netip.ParseAddrPort(strings.TrimSpace(strings.TrimPrefix(line, "LISTEN")))
 	require.NoError(t, err, "LISTEN line %q", line)
@@ -126,20 +132,29 @@ type wolfsslClient struct {
 // via and a client behind it, and waits for the handshake.
 func dialWolfSSL(t *testing.T, dir, ca, name string, via, upstream netip.AddrPort) *wolfsslClient {
 	t.Helper()
+	return dialWolfSSLArgs(t, dir, ca, name, via, upstream, "-l", strconv.Itoa(wolfsslClientCIDLen))
+}
+
+// dialWolfSSLArgs is dialWolfSSL with cidclient's CID flags: "-l n" for a
+// CID of n bytes towards the client, "-n" for no connection_id extension.
+func dialWolfSSLArgs(t *testing.T, dir, ca, name string, via, upstream netip.AddrPort, cidArgs ...string) *wolfsslClient {
+	t.Helper()
 	r := startWolfSSLRelay(t, via, upstream)
 	p := startTransparentProc(t, name, filepath.Join(dir, "bin", "cidclient"),
-		"-s", r.front.LocalAddr().String(), "-A", ca, "-l", "4")
+		append([]string{"-s", r.front.LocalAddr().String(), "-A", ca}, cidArgs...)...)
 	line := p.waitFor(t, "HANDSHAKE ")
 	require.Contains(t, line, "version=DTLSv1.3", "%s", name)
 	var cid []byte
 	for f := range strings.FieldsSeq(line) {
-		if v, ok := strings.CutPrefix(f, "cid_tx="); ok {
+		if v, ok := strings.CutPrefix(f, "cid_tx="); ok && v != "-" {
 			var err error
 			cid, err = hex.DecodeString(v)
 			require.NoError(t, err, "%s: %q", name, line)
 		}
 	}
-	require.Len(t, cid, 8, "%s: the server's CID (%q)", name, line)
+	if !slices.Contains(cidArgs, "-n") {
+		require.Len(t, cid, wolfsslCIDLen, "%s: the server's CID (%q)", name, line)
+	}
 	return &wolfsslClient{transparentProc: p, relay: r, cid: cid}
 }
 
@@ -217,6 +232,13 @@ func (r *wolfsslRelay) upstream() netip.AddrPort {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.up.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// datagrams returns what the relay has passed so far.
+func (r *wolfsslRelay) datagrams() []wolfsslDatagram {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.log)
 }
 
 func (r *wolfsslRelay) setPhase(p string) {
@@ -388,6 +410,40 @@ func TestInteropWolfSSL(t *testing.T) {
 		w.checkHandshakes(t, 1, 1)
 	})
 
+	// no CID: a client that offers no connection_id extension, so its
+	// unified headers carry none (C clear). The replicas route them as
+	// they route a ClientHello, by the client's address, to the backend
+	// HRW chose for the handshake; nothing is dropped.
+	t.Run("wolfssl-dtls13/transparent/no-cid", func(t *testing.T) {
+		w := startWolfSSLTier(t, dir)
+		for ord := range 2 {
+			c := dialWolfSSLArgs(t, dir, w.cert, fmt.Sprintf("cidclient %d", ord), w.rs[ord].addr, w.upstreamFor(t, ord), "-n")
+			require.Nil(t, c.cid, "no CID negotiated")
+			for i := range 2 {
+				c.relay.setPhase(fmt.Sprintf("data %d", i))
+				assert.Equal(t, ord, c.ask(t, fmt.Sprintf("client %d message %d", ord, i)))
+			}
+			c.relay.setPhase("close")
+			require.NoError(t, c.stdin.Close())
+			c.waitFor(t, "BYE")
+			w.srvs[ord].waitFor(t, "CLOSED ")
+			unified := 0
+			for _, d := range c.relay.datagrams() {
+				if d.toServer && d.b[0]&0xe0 == 0x20 {
+					unified++
+					assert.Zero(t, d.b[0]&0x10, "a unified header with the C bit: %x", d.b)
+				}
+			}
+			assert.NotZero(t, unified, "the client sent DTLS 1.3 records")
+			maybeWriteWolfSSLVectors(t, dir, c, ord)
+		}
+		w.checkHandshakes(t, 1, 1)
+		for _, r := range w.rs {
+			f := forward([]*replica{r})
+			assert.Zero(t, f.DroppedTotal(), "replica %s: %v", r.name, dropList(&f))
+		}
+	})
+
 	// second replica: the client's path moves to the other replica (a load
 	// balancer that rehashed), from a new port. The second replica has
 	// never seen the session and routes it by the CID alone.
@@ -546,17 +602,26 @@ func maybeWriteWolfSSLVectors(t *testing.T, dir string, c *wolfsslClient, ord in
 	require.NoError(t, err)
 	version := strings.TrimSpace(string(v))
 	require.NoError(t, os.MkdirAll(*wolfsslVectors, 0o755))
-	c.relay.mu.Lock()
-	log := append([]wolfsslDatagram(nil), c.relay.log...)
-	c.relay.mu.Unlock()
+	log := c.relay.datagrams()
 
+	// A client without CIDs: its datagrams, classified with the service's
+	// CID length, and neither the server's (nothing to classify them by)
+	// nor derived forms.
+	nocid := c.cid == nil
+	prefix := ""
+	if nocid {
+		prefix = "nocid_"
+	}
 	var vs []wolfsslVector
 	var finished, appdata []byte
 	n := map[string]int{}
 	for _, d := range log {
-		side, cidLen := "client", len(c.cid)
+		side, cidLen := "client", wolfsslCIDLen
 		if !d.toServer {
-			side, cidLen = "server", 4 // the client's CID: cidclient -l 4
+			if nocid {
+				continue
+			}
+			side, cidLen = "server", wolfsslClientCIDLen
 		}
 		recs, err := walkWolfSSL(d.b, cidLen)
 		require.NoError(t, err, "%x", d.b)
@@ -578,15 +643,19 @@ func maybeWriteWolfSSLVectors(t *testing.T, dir string, c *wolfsslClient, ord in
 		case d.phase == "close":
 			note += ": close_notify"
 		}
-		vs = append(vs, wolfsslVector{name: fmt.Sprintf("%s_%s_%d_%s", side, phase, n[side+phase], label), note: note, toServer: d.toServer, b: d.b})
+		vs = append(vs, wolfsslVector{name: fmt.Sprintf("%s%s_%s_%d_%s", prefix, side, phase, n[side+phase], label), note: note, toServer: d.toServer, b: d.b})
 	}
 	require.NotNil(t, finished, "no client Finished captured")
 	require.NotNil(t, appdata, "no client application data captured")
+	if nocid {
+		writeWolfSSLVectors(t, version, ord, vs, true)
+		return
+	}
 
 	// Derived forms: the same record with the header shortened as RFC 9147
 	// §4 allows. Only the header changes (the ciphertext cannot be
 	// decrypted any more, which routing never needs).
-	cidEnd := 1 + len(c.cid)
+	cidEnd := 1 + wolfsslCIDLen
 	seq8 := append([]byte{appdata[0] &^ 0x08}, appdata[1:cidEnd]...)
 	seq8 = append(append(seq8, appdata[cidEnd+1]), appdata[cidEnd+2:]...)
 	noLen := append([]byte{appdata[0] &^ 0x04}, appdata[1:cidEnd+2]...)
@@ -601,18 +670,29 @@ func maybeWriteWolfSSLVectors(t *testing.T, dir string, c *wolfsslClient, ord in
 		wolfsslVector{name: "derived_finished_appdata", note: "derived: the client's Finished and its first application data record in one datagram (wolfSSL sends one record per datagram)", toServer: true, b: append(append([]byte(nil), finished...), appdata...)},
 	)
 
+	writeWolfSSLVectors(t, version, ord, vs, false)
+}
+
+// writeWolfSSLVectors writes each vector as NAME.hex with NAME.expect.
+// nocid: the session negotiated no CIDs.
+func writeWolfSSLVectors(t *testing.T, version string, ord int, vs []wolfsslVector, nocid bool) {
+	t.Helper()
 	date := time.Now().UTC().Format(time.DateOnly)
 	for _, v := range vs {
-		cidLen, from, whose := len(c.cid), "client -> server", "server's"
+		cidLen, from, whose := wolfsslCIDLen, "client -> server", "server's"
 		if !v.toServer {
-			cidLen, from, whose = 4, "server -> client", "client's"
+			cidLen, from, whose = wolfsslClientCIDLen, "server -> client", "client's"
 		}
 		recs, err := walkWolfSSL(v.b, cidLen)
 		require.NoError(t, err, "%s: %x", v.name, v.b)
 
 		var h strings.Builder
 		fmt.Fprintf(&h, "# %s (Debian's source; internal/testpeers/wolfssl) DTLS 1.3, %s,\n", version, from)
-		fmt.Fprintf(&h, "# %s.\n# The %s CID is %d bytes; server ordinal %d.\n", v.note, whose, cidLen, ord)
+		cids := fmt.Sprintf("The %s CIDs are %d bytes", whose, cidLen)
+		if nocid {
+			cids = fmt.Sprintf("No CIDs (cidclient -n); classified with the service's CID length, %d", cidLen)
+		}
+		fmt.Fprintf(&h, "# %s.\n# %s; server ordinal %d.\n", v.note, cids, ord)
 		for i, r := range recs {
 			fmt.Fprintf(&h, "# record %d: %v\n", i+1, r)
 		}

@@ -5,7 +5,7 @@
  * this client's fixed socket plays.
  *
  * Lines on stdout:
- *   HANDSHAKE version=... cid_rx=... cid_tx=...
+ *   HANDSHAKE version=... cid_rx=... cid_tx=...   ("-": none)
  *   RECV data=...
  *   BYE            (stdin closed, close_notify sent)
  *   ERROR ...
@@ -18,7 +18,7 @@
 
 static void usage(void)
 {
-	fputs("usage: cidclient -s a.b.c.d:port -A ca.pem [-b a.b.c.d:port] [-l cidlen] [-v]\n", stderr);
+	fputs("usage: cidclient -s a.b.c.d:port -A ca.pem [-b a.b.c.d:port] [-l cidlen | -n] [-v]\n", stderr);
 	exit(2);
 }
 
@@ -32,15 +32,16 @@ int main(int argc, char **argv)
 	WOLFSSL *ssl;
 	char line[16384], msg[65536];
 	size_t have = 0;
-	int fd, opt, ret, eof = 0;
+	int fd, opt, ret, eof = 0, nocid = 0;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	while ((opt = getopt(argc, argv, "s:A:b:l:v")) != -1) {
+	while ((opt = getopt(argc, argv, "s:A:b:l:nv")) != -1) {
 		switch (opt) {
 		case 's': server = optarg; break;
 		case 'A': ca = optarg; break;
 		case 'b': bind_to = optarg; break;
 		case 'l': cidlen = (unsigned int)atoi(optarg); break;
+		case 'n': nocid = 1; break;
 		case 'v': wolfSSL_Debugging_ON(); break;
 		default: usage();
 		}
@@ -70,10 +71,13 @@ int main(int argc, char **argv)
 		die("wolfSSL_dtls_set_peer");
 	if (wolfSSL_set_fd(ssl, fd) != WOLFSSL_SUCCESS)
 		die("wolfSSL_set_fd");
-	/* The CID the server writes into records to us: 0xc1, 0xc2, ... */
+	/* The CID the server writes into records to us: 0xc1, 0xc2, ...
+	 * With -n the client does not offer the extension at all, so neither
+	 * side uses CIDs. */
 	for (unsigned int i = 0; i < cidlen; i++)
 		cid[i] = (unsigned char)(0xc1 + i);
-	use_cid(ssl, cid, cidlen);
+	if (!nocid)
+		use_cid(ssl, cid, cidlen);
 
 	/* Blocking: wolfSSL retransmits the handshake itself. */
 	ret = wolfSSL_connect(ssl);
