@@ -3,6 +3,7 @@ package cidroute
 import (
 	"bufio"
 	"bytes"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -224,4 +225,91 @@ func readExpect(t testing.TB, path string) map[string]string {
 	}
 	require.NoError(t, sc.Err())
 	return m
+}
+
+// TestRouteDTLS13NoAllocs: DTLS 1.3 costs no allocation on any path, the
+// drops included.
+func TestRouteDTLS13NoAllocs(t *testing.T) {
+	reg := threeBackends(t)
+	dr := dtlsRouter(t, reg)
+	strict, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg, RequireDTLS13CID: true})
+	require.NoError(t, err)
+	long, err := NewRouter(RouterConfig{Protocol: DTLS, PublicAddr: svcAddr, Backends: reg, CIDLen: 20})
+	require.NoError(t, err)
+	cid := ordinalCID(t, dr.Codec(), 0)
+	hdr := make([]byte, 0, 64)
+	for name, tc := range map[string]struct {
+		r      *Router
+		b      []byte
+		reason Reason
+	}{
+		"cid":                   {dr, dtls13Record(0x3e, cid, 1, make([]byte, 100)), Forwarded},
+		"finished and ack":      {dr, join(dtls13Record(0x3e, cid, 1, sealed16), dtls13Record(0x32, cid, 2, sealed16)), Forwarded},
+		"no cid":                {dr, dtls13Record(0x2f, nil, 1, make([]byte, 100)), Forwarded},
+		"no cid, required":      {strict, dtls13Record(0x2f, nil, 1, make([]byte, 100)), DTLS13NoCID},
+		"too short for 20":      {long, dtls13Record(0x30, []byte{1, 2, 3}, 1, sealed16), DTLS13NoCID},
+		"cid of another length": {dr, dtls13Record(0x3c, []byte{1, 2, 3, 4, 5, 6}, 1, sealed16), CIDLength},
+		"malformed unified":     {dr, []byte{0x3c, 1, 2}, Malformed},
+	} {
+		d, _ := route(tc.r, hdr, tc.b, client1)
+		require.Equal(t, tc.reason, d.Reason, name)
+		if n := testing.AllocsPerRun(200, func() { route(tc.r, hdr, tc.b, client1) }); n != 0 {
+			t.Errorf("%s: %v allocs per Route", name, n)
+		}
+	}
+}
+
+// BenchmarkRouteDTLS13 routes DTLS 1.3 datagrams beside their DTLS 1.2
+// counterparts, in one run: the forward rule's cost per datagram.
+func BenchmarkRouteDTLS13(b *testing.B) {
+	reg := threeBackends(b)
+	dr := dtlsRouter(b, reg)
+	cid := ordinalCID(b, dr.Codec(), 0)
+	payload := make([]byte, 100)
+	for _, bc := range []struct {
+		name string
+		d    []byte
+	}{
+		{"dtls12-cid", dtlsCIDRecord(cid, 1, payload)},
+		{"dtls13-cid", dtls13Record(0x3e, cid, 1, payload)},
+		{"dtls13-cid-seq8-nolength", dtls13Record(0x30, cid, 1, payload)},
+		{"dtls12-appdata-nocid", must(dtls.AppendRecord(nil, dtls.Record{Type: dtls.ApplicationData, Epoch: 1, Seq: 1, Fragment: payload}))},
+		{"dtls13-nocid", dtls13Record(0x2f, nil, 1, payload)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			hdr := make([]byte, 0, 64)
+			v := dr.View(nil)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.d)))
+			for b.Loop() {
+				if d, _ := dr.Forward(hdr, bc.d, client1, netip.Addr{}, &v); d.Reason != Forwarded {
+					b.Fatal(d.Reason)
+				}
+			}
+		})
+	}
+}
+
+// TestPipelineDTLS13: through a running pipeline with two echo backends,
+// a datagram of unified headers with a CID reaches the backend its ordinal
+// names, from any client address, and one without CID, where the service
+// requires it, is counted as dtls13_no_cid.
+func TestPipelineDTLS13(t *testing.T) {
+	e0, e1 := startEcho(t, 0), startEcho(t, 1)
+	tp := startProxy(t, DTLS, []registry.Backend{{Ordinal: 0, Addr: e0.Addr()}, {Ordinal: 1, Addr: e1.Addr()}},
+		func(s *Service) { s.RequireDTLS13CID = true })
+	codec := tp.router().Codec()
+	for _, ord := range []uint8{0, 1} {
+		cid := ordinalCID(t, codec, ord)
+		flight := join(dtls13Record(0x3e, cid, 0, sealed16), dtls13Record(0x32, cid, 1, sealed16))
+		for range 2 {
+			assert.Equal(t, int(ord), newClient(t).ask(tp.addr(), flight), "a new client address each time")
+		}
+	}
+	c := newClient(t)
+	assert.Equal(t, -1, c.ask(tp.addr(), dtls13Record(0x2f, nil, 1, sealed16)))
+	assert.Equal(t, -1, c.ask(tp.addr(), dtls13Record(0x20, nil, 2, sealed16)))
+	s := tp.settled(t, func(s ServiceStats) bool { return s.Forward.Dropped[DTLS13NoCID] == 2 })
+	assert.Equal(t, uint64(4), s.Forward.Forwarded)
+	assert.Zero(t, s.Forward.Dropped[Malformed])
 }

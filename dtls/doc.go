@@ -1,13 +1,15 @@
 // Package dtls walks and classifies the records of DTLS 1.2 datagrams
-// (RFC 6347) that may carry a connection ID (RFC 9146), and provides the
-// ordinal-first connection-ID codec a proxy uses to route them.
+// (RFC 6347) that may carry a connection ID (RFC 9146) and of DTLS 1.3
+// datagrams (RFC 9147), and provides the ordinal-first connection-ID codec
+// a proxy uses to route them.
 //
 // A datagram holds one or more records back to back. Classify walks all of
 // them and says whether the datagram belongs to an established session (it
-// holds a tls12_cid record, whose CID names the backend) or is new (no CID:
-// a ClientHello, or a session that did not negotiate CIDs), or why it is
-// malformed. The CID length is not on the wire; it comes from configuration,
-// as it does in every DTLS implementation.
+// holds a tls12_cid record, or a DTLS 1.3 unified header with a CID, whose
+// CID names the backend) or is new (no CID: a ClientHello, or a session
+// that did not negotiate CIDs), or why it is malformed. The CID length is
+// not on the wire; it comes from configuration, as it does in every DTLS
+// implementation.
 //
 // Parsed values hold views into the caller's buffer: Record.CID,
 // Record.Fragment and Class.CID are valid only while that buffer is and

@@ -28,6 +28,25 @@ func ExampleClassify() {
 	// dtls: truncated record
 }
 
+func ExampleClassify_dtls13() {
+	// A DTLS 1.3 client's datagram: its Finished under a unified header
+	// 0x3e (001CSLEE: C=1, S=1, L=1, epoch bits 2) with the 8-byte CID of
+	// backend 7, sequence 0, length 4; then an ACK under 0x32 (C=1, 8-bit
+	// sequence number, no length: it runs to the end of the datagram).
+	b, _ := hex.DecodeString("3e" + "07a1b2c3d4e5f601" + "0000" + "0004" + "deadbeef" +
+		"32" + "07a1b2c3d4e5f601" + "01" + "cafe")
+	const cidLen = 8
+
+	c, err := dtls.Classify(b, cidLen)
+	if err != nil {
+		fmt.Println("drop:", err)
+		return
+	}
+	ordinal, _ := dtls.OrdinalFirst{Length: cidLen}.Ordinal(c.CID)
+	fmt.Println(c.Kind, c.Records, c.Unified, ordinal)
+	// Output: established 2 true 7
+}
+
 func ExampleOrdinalFirst_Generator() {
 	gen, err := dtls.OrdinalFirst{}.Generator(3) // this backend is ds-3
 	if err != nil {

@@ -14,11 +14,13 @@ import (
 //
 //   - shorter than a record header (13 bytes): dropped;
 //   - content type 20–23 (ChangeCipherSpec, Alert, Handshake, application
-//     data) or 25 (tls12_cid) with a version other than DTLS 1.2 (fe fd)
-//     or 1.0 (fe ff): dropped;
+//     data), 25 (tls12_cid) or 26 (DTLS 1.3's ACK) with a version other
+//     than DTLS 1.2 (fe fd) or 1.0 (fe ff): dropped;
 //   - a tls12_cid record too short for its CID, or whose ordinal byte is
 //     not in Routable: dropped;
-//   - a first byte 001xxxxx (a DTLS 1.3 unified header): accepted;
+//   - a first byte 001xxxxx (a DTLS 1.3 unified header): accepted (its
+//     CID is not checked; no RFC 9147 ciphertext record is shorter than
+//     18 bytes, so the length check above drops none);
 //   - any other first byte: dropped.
 //
 // Whatever it accepts the pipeline still classifies in full; what it
@@ -74,6 +76,7 @@ func (f *Filter) program() ([]bpf.Instruction, error) {
 	p.jump(bpf.JumpEqual, dtlsCIDType, "cid", "")
 	p.jump(bpf.JumpLessThan, 20, "drop", "")
 	p.jump(bpf.JumpLessThan, 24, "version", "")
+	p.jump(bpf.JumpEqual, 26, "version", "")
 	p.emit(bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0xe0})
 	p.jump(bpf.JumpEqual, 0x20, "accept", "drop")
 
@@ -130,7 +133,7 @@ func (f *Filter) accepts(b []byte) bool {
 		}
 		o := b[dtlsCIDStart+f.OrdinalOffset]
 		return o != 255 && f.Routable[o] && version
-	case t >= 20 && t <= 23:
+	case t >= 20 && t <= 23 || t == 26:
 		return version
 	default:
 		return t&0xe0 == 0x20

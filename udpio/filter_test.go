@@ -69,7 +69,9 @@ func TestFilterCases(t *testing.T) {
 		{"application data", record(23, 0xfefd, 30), true},
 		{"handshake of TLS 1.2", record(22, 0x0303, 40), false},
 		{"heartbeat (24)", record(24, 0xfefd, 4), false},
-		{"type 26", record(26, 0xfefd, 4), false},
+		{"DTLS 1.3 ACK in plaintext (26)", record(26, 0xfefd, 18), true},
+		{"type 26 of TLS", record(26, 0x0303, 18), false},
+		{"type 27", record(27, 0xfefd, 4), false},
 		{"DTLS 1.3 unified header with CID", append([]byte{0x3f}, make([]byte, 30)...), true},
 		{"DTLS 1.3 unified header, no CID", append([]byte{0x2c}, make([]byte, 30)...), true},
 		{"first byte 0", make([]byte, 40), false},
@@ -106,7 +108,7 @@ func TestFilterOffsetsAndSets(t *testing.T) {
 				b[i] = byte(rnd.Uint32())
 			}
 			if len(b) > 3 && rnd.IntN(2) == 0 {
-				b[0], b[1], b[2] = []byte{20, 21, 22, 23, 25, 25, 25, 0x2a}[rnd.IntN(8)], 0xfe, []byte{0xfd, 0xff, 0x00}[rnd.IntN(3)]
+				b[0], b[1], b[2] = []byte{20, 21, 22, 23, 25, 25, 25, 26, 0x2a}[rnd.IntN(9)], 0xfe, []byte{0xfd, 0xff, 0x00}[rnd.IntN(3)]
 			}
 			require.Equal(t, f.accepts(b), vmKeeps(t, vm, b), "%+v: %x", f, b)
 		}

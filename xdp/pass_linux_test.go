@@ -41,6 +41,9 @@ func (e *diffEnv) forwardMayPass(s *diffService, client netip.AddrPort, dst neti
 	if s.Protocol == cidroute.QUIC && quicPackets(payload, s.Codec.Len()) > maxQUICPackets {
 		return "more than 8 coalesced QUIC packets"
 	}
+	if s.Protocol == cidroute.DTLS && dtls13Reached(payload, s.Codec.Len()) {
+		return "a DTLS 1.3 record where the program's record walk reaches it"
+	}
 	if s.Protocol == cidroute.DTLS && dtlsFirstCIDMisfits(payload, s.Codec.Len()) {
 		return "a first tls12_cid record that does not fit the service's CID length (dtls.MismatchedCID decides)"
 	}
@@ -216,6 +219,37 @@ func dtlsRecords(b []byte, cidLen int) int {
 		n++ // the program walks into it too
 	}
 	return n
+}
+
+// dtls13Reached: classify_dtls's walk of b meets a DTLS 1.3 record (a
+// unified header, or an ACK with a whole record header) before it fails or
+// ends.
+func dtls13Reached(b []byte, cidLen int) bool {
+	off := 0
+	for i := 0; i < maxDTLSRecords && off < len(b); i++ {
+		rem := b[off:]
+		if dtls.IsUnified(rem[0]) || len(rem) >= 13 && rem[0] == byte(dtls.ACK) {
+			return true
+		}
+		if len(rem) < 13 || (uint16(rem[1])<<8|uint16(rem[2])|2) != 0xfeff {
+			return false
+		}
+		hl := 13
+		if rem[0] == byte(dtls.TLS12CID) {
+			hl += cidLen
+			if len(rem) < hl {
+				return false
+			}
+		} else if rem[0] < 20 || rem[0] > 23 {
+			return false
+		}
+		l := int(rem[hl-2])<<8 | int(rem[hl-1])
+		if l == 0 || l > len(rem)-hl {
+			return false
+		}
+		off += hl + l
+	}
+	return false
 }
 
 // quicPackets counts the packets of a datagram up to its zero padding, as

@@ -137,7 +137,11 @@ func TestForwardAgreesWithRouter(t *testing.T) {
 		{name: "dtls empty record", svc: "dtls4", payload: dtlsRecord(23, 0xfefd, 1, nil), reason: cidroute.Malformed},
 		{name: "dtls bad version", svc: "dtls4", payload: dtlsRecord(22, 0xfefc, 0, []byte{1, 2}), reason: cidroute.Malformed},
 		{name: "dtls bad type", svc: "dtls4", payload: dtlsRecord(24, 0xfefd, 0, []byte{1, 2}), reason: cidroute.Malformed},
-		{name: "dtls 1.3", svc: "dtls4", payload: append([]byte{0x2c}, make([]byte, 30)...), reason: cidroute.Malformed},
+		{name: "dtls 1.3 cid", svc: "dtls4", payload: append(append([]byte{0x3f}, dtlsCIDRecord(8, 1, 40)[11:19]...), 0, 1, 0, 16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16), pass: true},
+		{name: "dtls 1.3 empty record", svc: "dtls4", payload: append([]byte{0x2c}, make([]byte, 30)...), reason: cidroute.Malformed, pass: true},
+		{name: "dtls 1.3 short", svc: "dtls4", payload: []byte{0x20, 0, 1, 2, 3}, pass: true},
+		{name: "dtls 1.3 ack", svc: "dtls4", payload: dtlsRecord(26, 0xfefd, 0, make([]byte, 18)), pass: true},
+		{name: "dtls 1.3 after a hello", svc: "dtls4", payload: append(dtlsRecord(22, 0xfefd, 0, append([]byte{1}, make([]byte, 60)...)), 0x2c, 0, 0, 0, 16, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16), pass: true},
 		{name: "dtls empty", svc: "dtls4", payload: []byte{}, reason: cidroute.Malformed},
 		{name: "dtls stale hello", svc: "stale", payload: dtlsRecord(22, 0xfefd, 0, []byte{1, 0, 0}), reason: cidroute.StaleRegistry},
 		{name: "dtls stale cid", svc: "stale", payload: dtlsCIDRecord(8, 0, 20)},
@@ -415,6 +419,7 @@ func FuzzForward(f *testing.F) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	seeds := [][]byte{
 		dtlsCIDRecord(8, 1, 40), dtlsCIDRecord(5, 0, 20), dtlsRecord(22, 0xfefd, 0, []byte{1, 2, 3}),
+		append(append([]byte{0x3f}, dtlsCIDRecord(8, 1, 40)[11:19]...), 0, 1, 0, 3, 1, 2, 3), // DTLS 1.3
 		quicShort(lbCID(12, 0, 1, false), 30), quicShort(lbCID(9, 2, 1, true), 30),
 		padTo(quicLong(1, 0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, nil, 1100), 1200),
 		quicLong(1, 2, lbCID(12, 0, 7, false), nil, 40),

@@ -166,7 +166,7 @@ func TestRulesDocumentedAndTested(t *testing.T) {
 	}
 }
 
-var reasonRegexp = regexp.MustCompile(`reason=~"([a-z_|]+)"`)
+var reasonRegexp = regexp.MustCompile(`reason=~"([a-z0-9_|]+)"`)
 
 // Every drop reason the pipeline counts belongs to exactly one alert: a
 // drop-rate alert of its group, or, for the reasons that a registry

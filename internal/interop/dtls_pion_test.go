@@ -33,6 +33,9 @@ func checkAgainstPion(t testing.TB, b []byte, cidLen int, c dtls.Class, err erro
 	if errors.Is(err, dtls.ErrCIDLength) {
 		return // nothing to compare: pion takes any length
 	}
+	if hasDTLS13(b, cidLen) {
+		return // pion v3 reads DTLS 1.2 only; dtls's own tests cover DTLS 1.3
+	}
 	pkts, perr := recordlayer.ContentAwareUnpackDatagram(b, cidLen)
 	if err == nil {
 		if perr != nil {
@@ -68,8 +71,6 @@ func checkAgainstPion(t testing.TB, b []byte, cidLen int, c dtls.Class, err erro
 	switch err {
 	case dtls.ErrContentType:
 		ok = !validType(pkt[0]) && pkt[0]&0xe0 != 0x20
-	case dtls.ErrDTLS13:
-		ok = pkt[0]&0xe0 == 0x20
 	case dtls.ErrVersion:
 		ok = herr != nil
 	case dtls.ErrEmptyRecord:
@@ -99,6 +100,22 @@ func comparePion(t testing.TB, pkt []byte, cidLen, i int) {
 	}
 }
 
+// hasDTLS13 reports whether the record walk of b meets a DTLS 1.3 record
+// (a unified header, or a plaintext ACK) before it ends or fails.
+func hasDTLS13(b []byte, cidLen int) bool {
+	for len(b) > 0 {
+		if dtls.IsUnified(b[0]) || dtls.ContentType(b[0]) == dtls.ACK {
+			return true
+		}
+		_, n, err := dtls.ParseRecord(b, cidLen)
+		if err != nil {
+			return false
+		}
+		b = b[n:]
+	}
+	return false
+}
+
 // validType reports a DTLS 1.2 content type: change_cipher_spec, alert,
 // handshake, application_data (20-23) and tls12_cid (25).
 func validType(t byte) bool { return t >= 20 && t <= 23 || t == 25 }
@@ -124,7 +141,7 @@ func FuzzParseRecordPion(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte, cidLen8 byte) {
 		cidLen := int(cidLen8)
-		if _, n, err := dtls.ParseRecord(b, cidLen); err == nil {
+		if _, n, err := dtls.ParseRecord(b, cidLen); err == nil && !hasDTLS13(b[:n], cidLen) {
 			comparePion(t, b[:n], cidLen, 0)
 		}
 	})

@@ -385,8 +385,9 @@ static __always_inline int load_var(struct xdp_md *ctx, __u32 off, void *dst, __
 	return bpf_xdp_load_bytes(ctx, off, dst, n);
 }
 
-// classify_dtls is dtls.Classify: 0 and *c on success, R_MALFORMED, or
-// R_PASS past MAX_DTLS_RECORDS. p is the payload's offset in the frame.
+// classify_dtls is dtls.Classify for DTLS 1.2 records: 0 and *c on
+// success, R_MALFORMED, or R_PASS past MAX_DTLS_RECORDS or at a DTLS 1.3
+// record. p is the payload's offset in the frame.
 __noinline int classify_dtls(struct xdp_md *ctx, __u32 p, __u32 n, __u32 cid_len, struct cls *c)
 {
 	__u8 h[13];
@@ -400,9 +401,18 @@ __noinline int classify_dtls(struct xdp_md *ctx, __u32 p, __u32 n, __u32 cid_len
 		if (off >= n)
 			break;
 		__u32 rem = n - off;
-		if (rem < 13)
-			return R_MALFORMED;
+		// DTLS 1.3 (RFC 9147): a unified header (001xxxxx), which may be
+		// shorter than 13 bytes, or a plaintext ACK (26) goes up to the
+		// pipeline, which reads them.
+		if (rem < 13) {
+			__u8 b0;
+			if (load(ctx, p + off, &b0, 1))
+				return R_PASS;
+			return (b0 & 0xe0) == 0x20 ? R_PASS : R_MALFORMED;
+		}
 		if (load(ctx, p + off, h, 13))
+			return R_PASS;
+		if ((h[0] & 0xe0) == 0x20 || h[0] == 26)
 			return R_PASS;
 		if (((__u16)h[1] << 8 | h[2] | 2) != 0xfeff)
 			return R_MALFORMED;
