@@ -254,6 +254,8 @@ func (r *Registries) build(c *Config, sc Service, o Options, log *slog.Logger) (
 			Backends:    reg,
 			Transparent: sc.Transparent,
 			Unroutable:  sc.Unroutable,
+
+			RequireDTLS13CID: sc.RequireDTLS13CID,
 		},
 		Limits:         sc.Limits,
 		Workers:        sc.Workers,

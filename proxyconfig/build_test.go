@@ -29,7 +29,7 @@ func mustParse(t *testing.T, js string) *Config {
 // TestBuildStatic: a static list is in the registry when Build returns,
 // and the service definition carries every key of the file and the flags.
 func TestBuildStatic(t *testing.T) {
-	c := mustParse(t, `{"hrw_seed": 7, "services": [{`+svc+`, "workers": 3, "max_registry_age": "30s", "limits": {"handshake_pps": 5}},
+	c := mustParse(t, `{"hrw_seed": 7, "services": [{`+svc+`, "require_dtls13_cid": true, "workers": 3, "max_registry_age": "30s", "limits": {"handshake_pps": 5}},
 		{"name": "h3", "protocol": "quic", "listen": "[::1]:443", "proxy_protocol": false, "max_sessions": 9, "session_idle": "5s", "unroutable": "hash",
 		 "backends": [{"ordinal": 3, "address": "[::1]:7000"}]}]}`)
 	regs, err := c.Build(Options{Logger: slog.New(slog.DiscardHandler), Join: true})
@@ -52,6 +52,7 @@ func TestBuildStatic(t *testing.T) {
 	require.Equal(t, 3, d.Workers)
 	require.Equal(t, 5, d.Limits.HandshakePPS)
 	require.True(t, d.JoinExisting)
+	require.True(t, d.RequireDTLS13CID)
 
 	d = defs[1]
 	require.True(t, d.Transparent)

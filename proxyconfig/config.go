@@ -61,8 +61,9 @@ type fileService struct {
 	BackendsFile   string           `json:"backends_file"`
 	Kubernetes     *Kubernetes      `json:"kubernetes"`
 	Limits         fileLimits       `json:"limits"`
-	Unroutable     string           `json:"unroutable"`   // QUIC only: "drop" (default) or "hash"
-	HealthCheck    *fileHealthCheck `json:"health_check"` // health.go
+	Unroutable     string           `json:"unroutable"`         // QUIC only: "drop" (default) or "hash"
+	RequireCID13   bool             `json:"require_dtls13_cid"` // DTLS only
+	HealthCheck    *fileHealthCheck `json:"health_check"`       // health.go
 }
 
 type fileLimits struct {
@@ -163,6 +164,11 @@ type Service struct {
 	// Unroutable ("unroutable", QUIC only): what becomes of short-header
 	// and Handshake packets whose CID names no server.
 	Unroutable cidroute.UnroutablePolicy
+	// RequireDTLS13CID ("require_dtls13_cid", DTLS only): a DTLS 1.3
+	// record without a CID, outside a ClientHello's datagram, is dropped
+	// as dtls13_no_cid instead of routed by HRW
+	// (cidroute.RouterConfig.RequireDTLS13CID).
+	RequireDTLS13CID bool
 	// Health ("health_check"), when set, is the configuration of the
 	// service's health checker, defaults applied (health.go).
 	Health *health.Config
@@ -517,6 +523,10 @@ func parseService(src *source, path string, maxDatagram int) (Service, error) {
 	if fs.Unroutable != "" && s.Protocol != cidroute.QUIC {
 		return s, src.keyErr(at("unroutable"), "applies to QUIC services only (a DTLS CID has no unroutable marker)", "remove it")
 	}
+	if fs.RequireCID13 && s.Protocol != cidroute.DTLS {
+		return s, src.keyErr(at("require_dtls13_cid"), "applies to DTLS services only", "remove it")
+	}
+	s.RequireDTLS13CID = fs.RequireCID13
 	if err := parseHealthCheck(src, at("health_check"), fs.HealthCheck, &s); err != nil {
 		return s, err
 	}

@@ -221,6 +221,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"mapped broadcast listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "[::ffff:255.255.255.255]:5684", "backends_file": "f"}`), "broadcast"},
 		{"mapped multicast listen", withServices(`{"name": "a", "protocol": "dtls", "listen": "[::ffff:224.0.0.1]:5684", "backends_file": "f"}`), "broadcast"},
 		{"bad unroutable", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "backends_file": "f", "unroutable": "route"}`), `services[0].unroutable: "route" is not a policy; write "drop" (the default) or "hash"`},
+		{"require_dtls13_cid for quic", withServices(`{"name": "a", "protocol": "quic", "listen": "1.2.3.4:5", "backends_file": "f", "require_dtls13_cid": true}`), `services[0].require_dtls13_cid: applies to DTLS services only; remove it`},
 		{"unroutable for dtls", withServices(`{` + svc + `, "unroutable": "drop"}`), `services[0].unroutable: applies to QUIC services only (a DTLS CID has no unroutable marker); remove it`},
 		// Durations have lower bounds.
 		{"tiny session idle", withServices(`{` + svc + `, "proxy_protocol": false, "session_idle": "3ns"}`), `services[0].session_idle: "3ns" is less than 1s; write a Go duration of at least "1s", such as "2m" (the default)`},

@@ -158,6 +158,7 @@ func socketKeys(a, b Service) []string {
 	add(a.EarlyDrop != b.EarlyDrop, "early_drop")
 	add(a.MaxAge != b.MaxAge, "max_registry_age")
 	add(a.SlowStart != b.SlowStart, "slow_start")
+	add(a.RequireDTLS13CID != b.RequireDTLS13CID, "require_dtls13_cid")
 	add(a.Unroutable != b.Unroutable, "unroutable")
 	return keys
 }

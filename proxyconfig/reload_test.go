@@ -55,6 +55,7 @@ func TestDiff(t *testing.T) {
 		{"workers", `"workers": 2,`, `"workers": 3,`, ServiceDelta{}, `services["a"].workers`},
 		{"proxy_protocol", `"workers": 2,`, `"workers": 2, "proxy_protocol": false,`, ServiceDelta{}, `services["a"].proxy_protocol`},
 		{"max_registry_age", `"workers": 2,`, `"workers": 2, "max_registry_age": "5s",`, ServiceDelta{}, `services["a"].max_registry_age`},
+		{"require_dtls13_cid", `"workers": 2,`, `"workers": 2, "require_dtls13_cid": true,`, ServiceDelta{}, `services["a"].require_dtls13_cid`},
 		{"unroutable", `"backends_file": "b.json"`, `"backends_file": "b.json", "unroutable": "hash"`, ServiceDelta{}, `services["b"].unroutable`},
 		{"hrw_seed", `"hrw_seed": 7`, `"hrw_seed": 8`, ServiceDelta{}, `hrw_seed`},
 		{"metrics_listen", `"hrw_seed": 7`, `"hrw_seed": 7, "metrics_listen": "127.0.0.1:9100"`, ServiceDelta{}, `metrics_listen`},
