@@ -46,6 +46,10 @@ func mbedtlsBin(t *testing.T) string {
 			m := regexp.MustCompile(`(?m)^version=([0-9.]+)`).FindSubmatch(b)
 			require.NotNil(t, m, "build.sh names no version")
 			version = string(m[1])
+			m = regexp.MustCompile(`cat ([^|]+) \| sha256sum`).FindSubmatch(b)
+			require.NotNil(t, m, "build.sh hashes no files")
+			require.Equal(t, strings.Join(mbedtlsSources, " "), strings.TrimSpace(string(m[1])),
+				"build.sh and mbedtlsSources must hash the same files in the same order")
 		}
 	}
 	peers := os.Getenv("CIDROUTE_PEERS")
