@@ -30,7 +30,10 @@ import (
 //
 //   - mbedtls-client through both proxy modes: PPv2 (pion echo backends
 //     behind the PPv2 adapter, as examples/dtls-backend) and transparent
-//     (Mbed TLS cidservers, whose CIDs start with their ordinal);
+//     (Mbed TLS cidservers, whose CIDs start with their ordinal), with
+//     in-process replicas, and through the cidproxy program ("-cidproxy"
+//     modes: the dtls-backend program behind it in PPv2 mode, its metrics
+//     read as Prometheus does);
 //   - pion-client through transparent mode to Mbed TLS cidservers.
 //
 // Every tier has two replicas and two backends; the replicas' counters
@@ -42,6 +45,15 @@ func TestMbedTLS(t *testing.T) {
 			t.Run(mode, func(t *testing.T) {
 				for _, sc := range mbedtlsScenarios {
 					t.Run(sc.name, func(t *testing.T) { sc.run(t, bin, mode) })
+				}
+			})
+		}
+		programs := mbedtlsPrograms(t.TempDir())
+		for _, ppv2 := range []bool{true, false} {
+			mode := map[bool]string{true: "ppv2-cidproxy", false: "transparent-cidproxy"}[ppv2]
+			t.Run(mode, func(t *testing.T) {
+				for _, sc := range mbedtlsProgramScenarios {
+					t.Run(sc.name, func(t *testing.T) { sc.run(t, bin, programs(t), ppv2) })
 				}
 			})
 		}
