@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -57,9 +58,9 @@ func mbedtlsProgramTier(t *testing.T, bin string, bins map[string]string, ppv2 b
 	for ord := range 2 {
 		var addr netip.AddrPort
 		if ppv2 {
-			b := startBackend(t, bins["dtls-backend"], ord, "-psk", mbedtlsPSK, "-prefix", fmt.Sprintf("%d|", ord),
+			b := startDTLSBackendProc(t, bins["dtls-backend"], ord, "-psk", mbedtlsPSK, "-prefix", fmt.Sprintf("%d|", ord),
 				"-cid-len", fmt.Sprint(cidLen), "-direct", "no-handshake")
-			addr, logs = b.addr, append(logs, b.logs.String)
+			addr, logs = b.addr, append(logs, b.out.String)
 		} else {
 			s := startMbedTLSServer(t, bin, uint8(ord), cidLen)
 			addr, logs = s.addr, append(logs, s.out.String)
@@ -76,6 +77,26 @@ func mbedtlsProgramTier(t *testing.T, bin string, bins map[string]string, ppv2 b
 		moved = `msg="session moved"`
 	}
 	return svc, p, func(ord int) int { return strings.Count(logs[ord](), moved) }
+}
+
+// dtlsBackendProc is an examples/dtls-backend process.
+type dtlsBackendProc struct {
+	*transparentProc
+	addr netip.AddrPort
+}
+
+// startDTLSBackendProc runs dtls-backend on a port the kernel picks (a
+// port chosen beforehand can be taken by the time it binds, on a busy
+// machine) and reads it from the start-up line.
+func startDTLSBackendProc(t *testing.T, bin string, ord int, args ...string) *dtlsBackendProc {
+	t.Helper()
+	p := startTransparentProc(t, fmt.Sprint("dtls-backend ", ord), bin,
+		append([]string{"-ordinal", fmt.Sprint(ord), "-listen", "127.0.0.1:0"}, args...)...)
+	m := regexp.MustCompile(` listen=(\S+)`).FindStringSubmatch(p.waitFor(t, "dtls-backend started"))
+	require.NotNil(t, m)
+	addr, err := netip.ParseAddrPort(m[1])
+	require.NoError(t, err)
+	return &dtlsBackendProc{transparentProc: p, addr: addr}
 }
 
 // forwardSeries is a forward-direction datagram counter of service svc.
@@ -111,7 +132,7 @@ func mbedtlsProgramRebinding(t *testing.T, bin string, bins map[string]string, p
 // reason="cid_length", none as malformed, and the handshake fails.
 func mbedtlsProgramCIDLength(t *testing.T, bin string, bins map[string]string, ppv2 bool) {
 	svc, p, _ := mbedtlsProgramTier(t, bin, bins, ppv2, cidroute.DefaultDTLSCIDLen+1)
-	c := startMbedTLSClientNoWait(t, bin, svc, suiteCCM8, "-handshake-max", "1000")
+	c := startMbedTLSClientNoWait(t, bin, svc, suiteCCM8, "-handshake-max", "2000")
 	require.Contains(t, c.waitFor(t, "HANDSHAKE"), "HANDSHAKE FAILED")
 	m := p.balanced(t)
 	assert.Positive(t, m[forwardSeries("dropped", "cid_length")])

@@ -259,7 +259,7 @@ func mbedtlsCIDLength(t *testing.T, bin, mode string, cidLen int) {
 		}
 	}
 	tr := startMbedTLSTier(t, bin, mode, cidLen)
-	c := startMbedTLSClientNoWait(t, bin, tr.rs[0].addr, suiteCCM8, "-handshake-max", "1000")
+	c := startMbedTLSClientNoWait(t, bin, tr.rs[0].addr, suiteCCM8, "-handshake-max", "2000")
 	line := c.waitFor(t, "HANDSHAKE")
 	require.Contains(t, line, "HANDSHAKE FAILED", "the handshake cannot finish through a service of another CID length")
 	hrw := tr.hrw(t, c.relay.up.Local())
