@@ -189,12 +189,20 @@ func ShortCID(b []byte, cidLen int) bool {
 // number encryption samples 16 bytes of it (RFC 9147 §4.2.3).
 const minCiphertext13 = 16
 
+// minCiphertext is the shortest fragment of a tls12_cid record: the
+// 8-octet explicit nonce and 8-octet tag of AES-CCM-8, the least any
+// suite adds (GCM 24, ChaCha20-Poly1305 16, CBC with its MAC more).
+const minCiphertext = 16
+
 // firstCIDRecord returns, for a datagram b that Classify rejects with
 // cidLen, the rest of b from its first record with a CID when the walk
 // fails there: the records before it are valid and carry no CID.
 func firstCIDRecord(b []byte, cidLen int) (rest []byte, ok bool) {
 	if cidLen < MinCIDLen || cidLen > MaxCIDLen {
 		return nil, false
+	}
+	if _, err := Classify(b, cidLen); err == nil {
+		return nil, false // the drop path asks; a datagram that routes is no mismatch
 	}
 	off := 0
 	for off < len(b) && !hasCID(b[off]) {
@@ -207,7 +215,11 @@ func firstCIDRecord(b []byte, cidLen int) (rest []byte, ok bool) {
 	if off >= len(b) {
 		return nil, false
 	}
-	if _, _, err := parseRecord(b[off:], cidLen); err == nil {
+	// A CID record that fits with cidLen rules the mismatch out, unless
+	// what fits is too short to be a ciphertext: a CID shorter than
+	// cidLen makes the first two octets of the explicit nonce (the epoch,
+	// in pion and Mbed TLS) read as the length.
+	if r, _, err := parseRecord(b[off:], cidLen); err == nil && (r.Unified != 0 || len(r.Fragment) >= minCiphertext) {
 		return nil, false // the CID record fits: the fault is elsewhere
 	}
 	return b[off:], true

@@ -1,6 +1,7 @@
 package dtls
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"testing"
 )
@@ -27,6 +28,10 @@ func TestMismatchedCID(t *testing.T) {
 		{"6 read as 8", flight(cid6), 8, cid6},
 		{"8 read as 6", flight(cid8), 6, cid8},
 		{"6 read as 20", flight(cid6), 20, cid6},
+		// As pion and Mbed TLS send it: the fragment starts with the
+		// explicit nonce, epoch 1 then the sequence number, so read with
+		// 8 the "length" is 1 and the record seems to fit.
+		{"6 read as 8, explicit nonce first", nonceFlight(cid6), 8, cid6},
 	} {
 		_, err := Classify(tc.b, tc.cidLen)
 		isTrue(t, err != nil, tc.name, ": classifies")
@@ -35,8 +40,11 @@ func TestMismatchedCID(t *testing.T) {
 		eq(t, tc.want, cid, tc.name)
 	}
 
+	_, ok := MismatchedCID(nonceFlight(cid8), 8)
+	isTrue(t, !ok, "an explicit nonce first, the service's length")
+
 	good := flight(cid8)
-	_, ok := MismatchedCID(good, 8)
+	_, ok = MismatchedCID(good, 8)
 	isTrue(t, !ok, "a datagram that classifies")
 	truncated := good[:len(good)-3]
 	_, ok = MismatchedCID(truncated, 8)
@@ -44,8 +52,8 @@ func TestMismatchedCID(t *testing.T) {
 	badFirst := append([]byte{0x99}, good[1:]...)
 	_, ok = MismatchedCID(badFirst, 8)
 	isTrue(t, !ok, "broken before the CID record")
-	twoCIDs := datagram(Record{Type: TLS12CID, Version: VersionDTLS12, CID: cid8, Fragment: []byte("x")},
-		Record{Type: TLS12CID, Version: VersionDTLS12, CID: cid6, Fragment: []byte("y")})
+	twoCIDs := datagram(Record{Type: TLS12CID, Version: VersionDTLS12, CID: cid8, Fragment: []byte("ciphertext of sixteen or more")},
+		Record{Type: TLS12CID, Version: VersionDTLS12, CID: cid6, Fragment: []byte("ciphertext of sixteen or more")})
 	_, ok = MismatchedCID(twoCIDs, 8)
 	isTrue(t, !ok, "a CID record of the service's length came first")
 	_, ok = MismatchedCID(good, 0)
@@ -88,4 +96,16 @@ func TestMismatchedCIDNoAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { MismatchedCID(b, 8) }); n != 0 {
 		t.Fatalf("allocs = %v", n)
 	}
+}
+
+// nonceFlight is a client's second flight whose Finished, in a
+// tls12_cid record, starts as AES-GCM's and AES-CCM's do: an explicit
+// nonce of epoch 1 and sequence number 0, then ciphertext and tag.
+func nonceFlight(cid []byte) []byte {
+	finished := append([]byte{0, 1, 0, 0, 0, 0, 0, 0}, bytes.Repeat([]byte{0xc7}, 32)...)
+	return datagram(
+		Record{Type: Handshake, Version: VersionDTLS12, Seq: 1, Fragment: []byte{byte(HandshakeClientKeyExchange), 0, 0, 1, 0}},
+		Record{Type: ChangeCipherSpec, Version: VersionDTLS12, Seq: 2, Fragment: []byte{1}},
+		Record{Type: TLS12CID, Version: VersionDTLS12, Epoch: 1, CID: cid, Fragment: finished},
+	)
 }

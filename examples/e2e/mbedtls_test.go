@@ -230,9 +230,9 @@ func mbedtlsNoCID(t *testing.T, bin, mode string) {
 // that issued the 6-byte CID 00ef443dd9c9, captured by cidclient's relay.
 // Both Mbed TLS and pion (RFC 9325) make the AEAD explicit nonce
 // epoch||sequence_number, so read with an 8-byte CID the record's length
-// is the epoch, 1: the record "fits", and dtls.MismatchedCID, which gives
-// up when the CID record parses under the service's length, calls the
-// datagram malformed.
+// is the epoch, 1: the record "fits", and dtls.MismatchedCID must see that
+// a one-octet fragment is no ciphertext (it called the datagram malformed
+// until it did).
 const mbedtlsFlight5Short = "16fefd0000000000000002001510000009000200000000000900076d626564746c73" + // ClientKeyExchange (PSK identity "mbedtls")
 	"14fefd0000000000000003000101" + // ChangeCipherSpec
 	"19fefd0001000000000000" + "00ef443dd9c9" + "0030" + // tls12_cid, epoch 1, CID, length 48
@@ -244,8 +244,9 @@ const mbedtlsFlight5Short = "16fefd000000000000000200151000000900020000000000090
 // backend gets a record it cannot place: the handshake fails instead of
 // being misrouted. One byte longer than the service's length is always
 // told apart (the misread length field is the CID's last byte and the
-// high byte of the true length, ≥ 256 or 0); shorter is told apart only
-// once dtls.MismatchedCID reads mbedtlsFlight5Short as it should.
+// high byte of the true length, ≥ 256 or 0); shorter by the misread
+// length, the epoch, which leaves no room for a ciphertext
+// (mbedtlsFlight5Short).
 func mbedtlsCIDLength(t *testing.T, bin, mode string, cidLen int) {
 	require.NotEqual(t, cidroute.DefaultDTLSCIDLen, cidLen)
 	if cidLen < cidroute.DefaultDTLSCIDLen {
@@ -253,10 +254,9 @@ func mbedtlsCIDLength(t *testing.T, bin, mode string, cidLen int) {
 		require.NoError(t, err)
 		_, err = dtls.Classify(b, 6)
 		require.NoError(t, err, "the vector is flight 5 with a 6-byte CID")
-		if _, ok := dtls.MismatchedCID(b, cidroute.DefaultDTLSCIDLen); !ok {
-			t.Skipf("known defect (docs/interop.md): dtls.MismatchedCID(flight 5 with a 6-byte CID, %d) is false, so the proxy counts it malformed, not cid_length",
-				cidroute.DefaultDTLSCIDLen)
-		}
+		cid, ok := dtls.MismatchedCID(b, cidroute.DefaultDTLSCIDLen)
+		require.True(t, ok, "flight 5 with a 6-byte CID, read with %d, is a CID length mismatch", cidroute.DefaultDTLSCIDLen)
+		require.Len(t, cid, 6)
 	}
 	tr := startMbedTLSTier(t, bin, mode, cidLen)
 	c := startMbedTLSClientNoWait(t, bin, tr.rs[0].addr, suiteCCM8, "-handshake-max", "2000")
