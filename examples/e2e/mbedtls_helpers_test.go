@@ -132,6 +132,12 @@ func startMbedTLSRelay(t *testing.T, to netip.AddrPort) *mbedtlsRelay {
 	require.NoError(t, err)
 	up, err := cidroutetest.ListenRebind(to, nil)
 	require.NoError(t, err)
+	return runMbedTLSRelay(t, in, up)
+}
+
+// runMbedTLSRelay relays between in, where the client is, and up until
+// the test ends.
+func runMbedTLSRelay(t *testing.T, in *net.UDPConn, up *cidroutetest.RebindConn) *mbedtlsRelay {
 	r := &mbedtlsRelay{in: in, up: up}
 	r.wg.Go(func() {
 		buf := make([]byte, 65536)
@@ -180,17 +186,24 @@ type mbedtlsClient struct {
 func startMbedTLSClient(t *testing.T, bin string, via netip.AddrPort, suite string, args ...string) *mbedtlsClient {
 	t.Helper()
 	c := startMbedTLSClientNoWait(t, bin, via, suite, args...)
+	c.waitHandshake(t)
+	return c
+}
+
+// waitHandshake waits for the client's handshake and notes the CID the
+// server issued.
+func (c *mbedtlsClient) waitHandshake(t *testing.T) {
+	t.Helper()
 	line := c.waitFor(t, "HANDSHAKE")
 	require.NotContains(t, line, "FAILED")
 	f := strings.Fields(line)
 	require.Len(t, f, 4, "%q", line)
-	require.Equal(t, "suite="+suite, f[1])
+	require.Equal(t, "suite="+c.suite, f[1])
 	if cid := strings.TrimPrefix(f[3], "peer_cid="); cid != "-" {
 		var err error
 		c.peerCID, err = hex.DecodeString(cid)
 		require.NoError(t, err)
 	}
-	return c
 }
 
 func startMbedTLSClientNoWait(t *testing.T, bin string, via netip.AddrPort, suite string, args ...string) *mbedtlsClient {
