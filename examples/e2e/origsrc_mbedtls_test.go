@@ -19,12 +19,12 @@ import (
 
 // startOrigMbedTLSServer runs internal/testpeers/mbedtls/cidserver,
 // unmodified, in namespace ns on a (port 0: any): CIDs of the service's
-// length, the first byte ord.
+// length, the first byte ord; it prints the source of every datagram.
 func startOrigMbedTLSServer(t *testing.T, bin, ns string, ord uint8, a netip.AddrPort) *mbedtlsServer {
 	t.Helper()
 	p := startTransparentProc(t, fmt.Sprintf("cidserver %d", ord), "ip", "netns", "exec", ns, filepath.Join(bin, "cidserver"),
 		"-listen", a.String(), "-ordinal", strconv.Itoa(int(ord)), "-cid-len", strconv.Itoa(cidroute.DefaultDTLSCIDLen),
-		"-psk", mbedtlsPSK, "-ciphersuites", suiteCCM8+","+suiteGCM)
+		"-psk", mbedtlsPSK, "-ciphersuites", suiteCCM8+","+suiteGCM, "-trace", "1")
 	line := p.waitFor(t, "LISTEN ")
 	addr, err := netip.ParseAddrPort(strings.TrimPrefix(line, "LISTEN "))
 	require.NoError(t, err, "LISTEN line %q", line)
@@ -129,7 +129,8 @@ func (s *mbedtlsServer) moves(id string) []string {
 // then to a new address (back on the first replica), moves the session on
 // the server that issued the CID, without a new handshake, and the server
 // sees each new address; a backend that drains keeps its sessions (a
-// rebinding included) and new ones go to the other. Both families.
+// rebinding included) and new ones go to the other. Every datagram either
+// server received came from an address a client had. Both families.
 func TestOrigSrcMbedTLS(t *testing.T) {
 	bin := mbedtlsBin(t)
 	if !inNetns(t) {
@@ -159,6 +160,7 @@ func TestOrigSrcMbedTLS(t *testing.T) {
 			var owner, ids []int
 			var sessionIDs []string
 			per := map[int]int{}
+			used := map[string]bool{} // every address a client had
 			for i := 0; len(cs) < 4 || len(per) < 2; i++ {
 				require.Less(t, i, 16, "HRW put 16 clients on one backend")
 				c := l.startMbedTLSClient(t, bin, f.clients[0], rs[i%2].addr)
@@ -167,6 +169,7 @@ func TestOrigSrcMbedTLS(t *testing.T) {
 				id, peer := srvs[ord].session(t, c.peerCID)
 				assert.Equal(t, c.local(), peer, "client %d: the address server %d saw at the handshake", i, ord)
 				assert.Equal(t, c.local(), srvs[ord].peerNow(id), "client %d: the address of its first record", i)
+				used[c.local()] = true
 				cs, owner, ids, sessionIDs = append(cs, c), append(owner, ord), append(ids, i), append(sessionIDs, id)
 				per[ord]++
 			}
@@ -193,6 +196,7 @@ func TestOrigSrcMbedTLS(t *testing.T) {
 					old := c.local()
 					require.NoError(t, c.relay.up.Rebind(target))
 					require.NotEqual(t, old, c.local())
+					used[c.local()] = true
 					require.Equal(t, owner[i], c.mustAsk(t, fmt.Sprintf("client %d after %s", i, move)), "client %d after %s", i, move)
 					s := srvs[owner[i]]
 					assert.Equal(t, c.local(), s.peerNow(sessionIDs[i]), "client %d after %s: the address server %d sees", i, move, s.ord)
@@ -217,18 +221,29 @@ func TestOrigSrcMbedTLS(t *testing.T) {
 			for i, c := range cs {
 				if owner[i] == drained {
 					require.NoError(t, c.relay.up.Rebind(c.relay.up.Target()))
+					used[c.local()] = true
 				}
 				require.Equal(t, owner[i], c.mustAsk(t, fmt.Sprintf("client %d while %d drains", i, drained)))
 				assert.Equal(t, c.local(), srvs[owner[i]].peerNow(sessionIDs[i]), "client %d while %d drains", i, drained)
 			}
 			for i := range 3 {
 				c := l.startMbedTLSClient(t, bin, f.clients[0], rs[i%2].addr)
+				used[c.local()] = true
 				require.Equal(t, 1-drained, c.ordinal(), "new client %d: not to the draining backend", i)
 				require.Equal(t, 1-drained, c.mustAsk(t, fmt.Sprintf("new client %d", i)))
 				_, peer := srvs[1-drained].session(t, c.peerCID)
 				assert.Equal(t, c.local(), peer, "new client %d: the address its server saw", i)
 			}
 			assert.Len(t, srvs[drained].lines("START "), per[drained], "the draining backend took no new session")
+			// Every datagram, handshakes included, came from an address a
+			// client had.
+			for _, s := range srvs {
+				recv := s.lines("RECV ")
+				require.NotEmpty(t, recv)
+				for _, line := range recv {
+					assert.True(t, used[serverField(line, "from")], "server %d: %q is from none of the clients' addresses", s.ord, line)
+				}
+			}
 			fw := forward(rs)
 			assert.Zero(t, fw.DroppedTotal(), "no forward drops: %v", dropList(&fw))
 		})
