@@ -78,8 +78,8 @@ const MinMaxAge = time.Millisecond
 // (milliseconds), which is how long two replicas may disagree after a
 // step begins.
 const (
-	MinSlowStart = 10 * time.Second
-	MaxSlowStart = time.Hour
+	MinSlowStart = 10 * time.Second // the shortest ramp: steps of 1 s
+	MaxSlowStart = time.Hour        // the longest ramp
 )
 
 // New returns a registry holding an empty snapshot (version 0). With
