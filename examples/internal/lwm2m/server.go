@@ -61,21 +61,21 @@ type ServerConfig struct {
 // only grows.
 type Stats struct {
 	Ordinal         uint8  `json:"ordinal"`
-	Handshakes      uint64 `json:"handshakes"`        // sessions whose handshake completed
-	HandshakeFailed uint64 `json:"handshake_failed"`  // sessions whose handshake did not
-	Sessions        int    `json:"sessions"`          // live DTLS sessions
-	Registrations   uint64 `json:"registrations"`     // 2.01 Created answered
-	ReRegistrations uint64 `json:"re_registrations"`  // of which for an endpoint registered here already
-	Updates         uint64 `json:"updates"`           // 2.04 Changed answered
-	UpdatesUnknown  uint64 `json:"updates_unknown"`   // 4.04: no such registration (expired or another server's)
-	Deregistrations uint64 `json:"deregistrations"`   // DELETE /rd/<id>
-	Expired         uint64 `json:"expired"`           // registrations whose lifetime ran out
-	Registered      int    `json:"registered"`        // registrations held now
-	Observations    uint64 `json:"observations"`      // observations the devices accepted
-	ObserveFailed   uint64 `json:"observe_failed"`    // observe requests not accepted
-	Notifications   uint64 `json:"notifications"`     // confirmable notifications delivered (unique)
-	Duplicates      uint64 `json:"duplicates"`        // confirmable messages received again (same message ID)
-	BadRequests     uint64 `json:"bad_requests"`      // malformed registrations and unknown paths
+	Handshakes      uint64 `json:"handshakes"`         // sessions whose handshake completed
+	HandshakeFailed uint64 `json:"handshake_failed"`   // sessions whose handshake did not
+	Sessions        int    `json:"sessions"`           // live DTLS sessions
+	Registrations   uint64 `json:"registrations"`      // 2.01 Created answered
+	ReRegistrations uint64 `json:"re_registrations"`   // of which for an endpoint registered here already
+	Updates         uint64 `json:"updates"`            // 2.04 Changed answered
+	UpdatesUnknown  uint64 `json:"updates_unknown"`    // 4.04: no such registration (expired or another server's)
+	Deregistrations uint64 `json:"deregistrations"`    // DELETE /rd/<id>
+	Expired         uint64 `json:"expired"`            // registrations whose lifetime ran out
+	Registered      int    `json:"registered"`         // registrations held now
+	Observations    uint64 `json:"observations"`       // observations the devices accepted
+	ObserveFailed   uint64 `json:"observe_failed"`     // observe requests not accepted
+	Notifications   uint64 `json:"notifications"`      // confirmable notifications delivered (unique)
+	Duplicates      uint64 `json:"duplicates"`         // confirmable messages received again (same message ID)
+	BadRequests     uint64 `json:"bad_requests"`       // malformed registrations and unknown paths
 	DroppedNoSess   uint64 `json:"dropped_no_session"` // records for no session (piondtls)
 	DroppedForeign  uint64 `json:"dropped_foreign_hello"`
 	Cut             uint64 `json:"cut"` // sessions closed at a drain's deadline
@@ -102,7 +102,7 @@ type Server struct {
 	once   sync.Once
 
 	handshakes, hsFailed, regs, reregs, updates, unknown, dereg, expired atomic.Uint64
-	observations, obsFailed, notifications, duplicates, bad         atomic.Uint64
+	observations, obsFailed, notifications, duplicates, bad              atomic.Uint64
 
 	mu    sync.Mutex
 	next  uint64
@@ -474,4 +474,3 @@ func (s *Server) deregister(w *rw, id string) {
 	s.dereg.Add(1)
 	w.SetResponse(codes.Deleted, message.TextPlain, nil)
 }
-
