@@ -223,11 +223,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	case <-time.After(time.Until(end)):
 	case <-ctx.Done():
 	}
+	res.Servers = top.serverStats() // before the devices close their sessions
 	stop()
 	wg.Wait()
 	dwg.Wait()
 	res.Elapsed = time.Since(begin)
-	res.Servers = top.serverStats()
 	c.fill(res)
 	if ctx.Err() != nil {
 		return res, ctx.Err()
@@ -354,6 +354,7 @@ func (d *device) run(ctx context.Context, end time.Time) {
 		return
 	}
 	var failedAt time.Time // the first exchange that failed, until registered again
+	first := true
 	for ctx.Err() == nil {
 		if d.dev == nil || !d.reg {
 			if failedAt.IsZero() && d.ever {
@@ -379,8 +380,15 @@ func (d *device) run(ctx context.Context, end time.Time) {
 				return
 			}
 		}
-		// Queue mode: asleep until the next update is due.
-		if !sleepUntil(ctx, time.Now().Add(d.period)) {
+		// Queue mode: asleep until the next update is due. The first
+		// sleep is shortened at random, so that a fleet started in a few
+		// seconds spreads its updates over the period.
+		nap := d.period
+		if first {
+			nap = d.period/2 + rand.N(d.period/2)
+			first = false
+		}
+		if !sleepUntil(ctx, time.Now().Add(nap)) {
 			return
 		}
 		select {

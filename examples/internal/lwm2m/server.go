@@ -308,6 +308,17 @@ func (s *Server) Close() error {
 	s.once.Do(func() {
 		s.cancel()
 		s.coap.Stop()
+		// go-coap's Serve waits for its connections, which a stopped
+		// server does not end: end them.
+		s.mu.Lock()
+		conns := make([]*udpClient.Conn, 0, len(s.conns))
+		for cc := range s.conns {
+			conns = append(conns, cc)
+		}
+		s.mu.Unlock()
+		for _, cc := range conns {
+			cc.Close()
+		}
 		<-s.done
 		s.bc.Close()
 	})
