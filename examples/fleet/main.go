@@ -20,9 +20,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,12 +60,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Pause, "pause", 5*time.Second, "between two replicas' restarts")
 	fs.DurationVar(&cfg.LBDetect, "lb-detect", 2*time.Second, "how long the load balancer takes to take a killed proxy replica out")
 	fs.DurationVar(&cfg.ProgressEvery, "progress", 5*time.Second, "progress line interval")
+	connect := fs.String("connect", "", "comma-separated `addresses` of proxy replicas already running (see memory.sh): start only the devices")
+	statsURLs := fs.String("server-stats", "", "comma-separated lwm2m-server /stats `URLs`, with -connect")
+	rssPIDs := fs.String("rss-pids", "", "comma-separated `pids` whose RSS is sampled before the devices start and at the end (Linux)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	logs := fs.Bool("v", false, "the proxies' warnings on stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	cfg.Disruption = fleet.Disruption(*dis)
+	for _, a := range split(*connect) {
+		ap, err := netip.ParseAddrPort(a)
+		if err != nil {
+			fmt.Fprintf(stderr, "fleet: -connect: %v\n", err)
+			return 2
+		}
+		cfg.Connect = append(cfg.Connect, ap)
+	}
+	cfg.ServerStats = split(*statsURLs)
+	for _, p := range split(*rssPIDs) {
+		pid, err := strconv.Atoi(p)
+		if err != nil {
+			fmt.Fprintf(stderr, "fleet: -rss-pids: %v\n", err)
+			return 2
+		}
+		cfg.RSSPIDs = append(cfg.RSSPIDs, pid)
+	}
 	if !*quiet {
 		cfg.Progress = stdout
 	}
@@ -89,4 +112,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "\nresult: ok: every device registered, no registration or notification lost, every session survived sleep and rebinding")
 	}
 	return 0
+}
+
+func split(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
 }

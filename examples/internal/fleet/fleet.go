@@ -80,6 +80,16 @@ type Config struct {
 	ProgressEvery time.Duration
 	// Log receives the proxies' warnings (nil: discarded).
 	Log io.Writer
+
+	// Connect, when set, are the addresses of proxy replicas already
+	// running (with their servers): the run starts only the devices, and
+	// takes the servers' counters from ServerStats (lwm2m-server's -http
+	// /stats URLs). No disruption then.
+	Connect     []netip.AddrPort
+	ServerStats []string
+	// RSSPIDs are processes whose resident memory is sampled before the
+	// devices start and when the run ends, for Result.RSS (Linux).
+	RSSPIDs []int
 }
 
 func (c *Config) defaults() error {
@@ -122,6 +132,8 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("fleet: update fraction %v: want between 0 and 1", c.UpdateFraction)
 	case c.Lifetime < 2*time.Second || c.Lifetime%time.Second != 0:
 		return fmt.Errorf("fleet: lifetime %v: want whole seconds, at least 2", c.Lifetime)
+	case len(c.Connect) > 0 && c.Disruption != None:
+		return errors.New("fleet: disruptions need the servers and proxies this process starts, not -connect")
 	case c.Disruption == ProxyKill && c.Proxies < 2:
 		return errors.New("fleet: killing a proxy replica needs at least two")
 	case c.Disruption != None && c.Disruption != ServerRestart && c.Disruption != ProxyRestart && c.Disruption != ProxyKill:
@@ -181,6 +193,15 @@ type Result struct {
 	NotObserved                               uint64
 	Sent, Received                            uint64
 	UpdateRTT, RegisterRTT, Recovery          []time.Duration // sorted
+	RSS                                       []RSS
+}
+
+// RSS is the resident memory of one process (Config.RSSPIDs) before the
+// devices started and at the end of the run.
+type RSS struct {
+	PID           int
+	Name          string
+	Before, After int64 // bytes
 }
 
 // Run starts the topology and the devices, runs cfg.Duration after the
@@ -189,11 +210,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	top, err := startTopology(&cfg)
-	if err != nil {
+	var top *topology
+	var err error
+	if len(cfg.Connect) > 0 {
+		top = externalTopology(&cfg)
+	} else if top, err = startTopology(&cfg); err != nil {
 		return nil, err
 	}
 	defer top.close()
+	rssBefore := sampleRSS(cfg.RSSPIDs)
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -224,6 +249,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	case <-ctx.Done():
 	}
 	res.Servers = top.serverStats() // before the devices close their sessions
+	res.RSS = rssDelta(cfg.RSSPIDs, rssBefore, sampleRSS(cfg.RSSPIDs))
 	stop()
 	wg.Wait()
 	dwg.Wait()

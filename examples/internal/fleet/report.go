@@ -69,12 +69,23 @@ func (r *Result) Print(w io.Writer) {
 	row("datagrams through the proxies (device side)", fmt.Sprintf("%d, %.0f/s", r.Sent+r.Received, float64(r.Sent+r.Received)/r.Elapsed.Seconds()))
 	tw.Flush()
 
-	fmt.Fprintln(tw, "\n  server\tsessions\tregistrations (again)\tupdates (4.04)\texpired\tnotifications\tduplicates\tno-session records\tcut by drain")
+	fmt.Fprintln(tw, "\n  server\tsessions at the end\tregistrations (again)\tupdates (4.04)\texpired\tnotifications\tduplicates\tno-session records\tcut by drain")
 	for _, s := range r.Servers {
 		fmt.Fprintf(tw, "  %d\t%d\t%d (%d)\t%d (%d)\t%d\t%d\t%d\t%d\t%d\n", s.Ordinal, s.Sessions, s.Registrations, s.ReRegistrations,
 			s.Updates, s.UpdatesUnknown, s.Expired, s.Notifications, s.Duplicates, s.DroppedNoSess, s.Cut)
 	}
 	tw.Flush()
+	if len(r.RSS) > 0 {
+		fmt.Fprintf(tw, "\n  process\tRSS before\tRSS with %d registered devices\tbytes per device\n", r.Registered)
+		for _, m := range r.RSS {
+			per := "-"
+			if r.Registered > 0 {
+				per = fmt.Sprint((m.After - m.Before) / r.Registered)
+			}
+			fmt.Fprintf(tw, "  %s (pid %d)\t%.1f MiB\t%.1f MiB\t%s\n", m.Name, m.PID, float64(m.Before)/(1<<20), float64(m.After)/(1<<20), per)
+		}
+		tw.Flush()
+	}
 }
 
 // Problems lists what a steady run must not show: a device that never

@@ -8,6 +8,7 @@ import (
 	"hash/maphash"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -233,6 +234,7 @@ type topology struct {
 	proxies []*proxySlot
 	lb      *balancer
 	public  netip.AddrPort
+	stats   []string // external servers' /stats URLs
 }
 
 // psk is every device's key (the identities differ).
@@ -315,11 +317,33 @@ func (t *topology) close() {
 	for _, s := range t.servers {
 		s.stop(0)
 	}
-	os.RemoveAll(t.dir)
+	if t.dir != "" {
+		os.RemoveAll(t.dir)
+	}
+}
+
+// externalTopology is the proxies of cfg.Connect, started by someone
+// else.
+func externalTopology(cfg *Config) *topology {
+	t := &topology{lb: &balancer{seed: maphash.MakeSeed()}, public: netip.MustParseAddrPort("127.0.0.2:5684"), stats: cfg.ServerStats}
+	t.lb.live = append(t.lb.live, cfg.Connect...)
+	return t
 }
 
 func (t *topology) serverStats() []lwm2m.Stats {
 	var out []lwm2m.Stats
+	for _, u := range t.stats {
+		var st lwm2m.Stats
+		cl := http.Client{Timeout: 5 * time.Second}
+		resp, err := cl.Get(u)
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+		}
+		if err == nil {
+			out = append(out, st)
+		}
+	}
 	for _, s := range t.servers {
 		st := s.stats()
 		st.Ordinal = s.ordinal
