@@ -18,6 +18,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -161,6 +162,9 @@ type counters struct {
 	notObserved     atomic.Uint64 // wakes without an observation to notify
 	sent, received  atomic.Uint64 // datagrams
 	recoveries      atomic.Uint64
+	// datagrams by DTLS content type (byte 0): 20 CCS, 21 alert, 22
+	// handshake, 23 application data, 25 tls12_cid
+	sentType, recvType [32]atomic.Uint64
 
 	mu       sync.Mutex
 	rtts     []time.Duration // update round trips
@@ -354,6 +358,11 @@ func progress(ctx context.Context, cfg *Config, c *counters, t *topology, begin,
 				now.Sub(begin).Seconds(), end.Sub(begin).Seconds(), c.registered.Load(), cfg.Devices,
 				c.updates.Load(), c.updNotFound.Load(), c.updFailed.Load(), c.notifAcked.Load(), c.notifSent.Load(),
 				c.handshakes.Load(), c.hsFailed.Load(), rate)
+			if os.Getenv("FLEET_DEBUG") != "" {
+				fmt.Fprintf(cfg.Progress, "  sent by type: alert %d handshake %d appdata %d cid %d; received: alert %d handshake %d appdata %d cid %d\n",
+					c.sentType[21].Load(), c.sentType[22].Load(), c.sentType[23].Load(), c.sentType[25].Load(),
+					c.recvType[21].Load(), c.recvType[22].Load(), c.recvType[23].Load(), c.recvType[25].Load())
+			}
 		}
 	}
 }
@@ -430,11 +439,13 @@ func (d *device) run(ctx context.Context, end time.Time) {
 			if err := d.sock.rebind(); err != nil {
 				continue
 			}
-			d.c.wakes.Add(1)
 			rebound = true
 		}
 		t0 := time.Now()
 		err := d.dev.Update(ctx)
+		if rebound && ctx.Err() == nil {
+			d.c.wakes.Add(1)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -590,6 +601,9 @@ func (n *natConn) ReadFrom(b []byte) (int, net.Addr, error) {
 	k, a, err := n.RebindConn.ReadFrom(b)
 	if err == nil {
 		n.c.received.Add(1)
+		if k > 0 {
+			n.c.recvType[b[0]%32].Add(1)
+		}
 	}
 	return k, a, err
 }
@@ -601,5 +615,8 @@ func (n *natConn) WriteTo(b []byte, a net.Addr) (int, error) {
 		n.Retarget(to)
 	}
 	n.c.sent.Add(1)
+	if len(b) > 0 {
+		n.c.sentType[b[0]%32].Add(1)
+	}
 	return n.RebindConn.WriteTo(b, a)
 }

@@ -243,6 +243,9 @@ type coapListener struct {
 func (l coapListener) AcceptWithContext(ctx context.Context) (net.Conn, error) {
 	c, err := l.ln.Accept()
 	if errors.Is(err, piondtls.ErrClosed) {
+		// A drain closes the listener first: go-coap's Serve would stop at
+		// once and end every connection with it, so wait for Close.
+		<-ctx.Done()
 		return nil, fmt.Errorf("%w: %w", err, coapNet.ErrListenerIsClosed)
 	}
 	if err != nil {
