@@ -100,3 +100,29 @@ func TestLifetimeExpiry(t *testing.T) {
 		t.Fatalf("stats %+v: want 1 expired, none registered", st)
 	}
 }
+
+// TestQueueModeSilence: a device silent for longer than go-coap's default
+// DTLS server inactivity timeout (16 s) keeps its session, as a
+// queue-mode device that sleeps for minutes must.
+func TestQueueModeSilence(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sleeps 18 s")
+	}
+	s, err := Listen(ServerConfig{PSK: testPSK, Direct: backend.DirectAccept})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	d := dial(t, s, DeviceConfig{Endpoint: "dev-3", Lifetime: time.Minute})
+	if err := d.Register(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d.Done():
+		t.Fatal("the server ended a silent device's session")
+	case <-time.After(18 * time.Second):
+	}
+	if err := d.Update(context.Background()); err != nil {
+		t.Fatalf("update after 18 s of silence: %v", err)
+	}
+}

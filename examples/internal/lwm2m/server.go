@@ -17,10 +17,12 @@ import (
 
 	pion "github.com/pion/dtls/v3"
 	coapdtls "github.com/plgd-dev/go-coap/v3/dtls"
+	dtlsServer "github.com/plgd-dev/go-coap/v3/dtls/server"
 	"github.com/plgd-dev/go-coap/v3/message"
 	"github.com/plgd-dev/go-coap/v3/message/codes"
 	"github.com/plgd-dev/go-coap/v3/message/pool"
 	coapNet "github.com/plgd-dev/go-coap/v3/net"
+	"github.com/plgd-dev/go-coap/v3/net/monitor/inactivity"
 	"github.com/plgd-dev/go-coap/v3/net/responsewriter"
 	"github.com/plgd-dev/go-coap/v3/options"
 	"github.com/plgd-dev/go-coap/v3/pkg/runner/periodic"
@@ -200,6 +202,7 @@ func Listen(cfg ServerConfig) (*Server, error) {
 		options.WithPeriodicRunner(periodic.New(s.ctx.Done(), 200*time.Millisecond)),
 		options.WithTransmission(1, cfg.ACKTimeout, uint32(cfg.MaxRetransmit)),
 		options.WithDTLSHandshakeTimeout(cfg.HandshakeTimeout),
+		noInactivity{},
 		options.WithOnNewConn(func(cc *udpClient.Conn) {
 			s.handshakes.Add(1)
 			s.mu.Lock()
@@ -232,6 +235,18 @@ func Listen(cfg ServerConfig) (*Server, error) {
 	}()
 	go s.expire()
 	return s, nil
+}
+
+// noInactivity turns off go-coap's DTLS server inactivity monitor, which
+// by default closes a session after 16 s without a datagram: a queue-mode
+// device sleeps far longer. A session ends with its registration's
+// lifetime instead (expire).
+type noInactivity struct{}
+
+func (noInactivity) DTLSServerApply(cfg *dtlsServer.Config) {
+	cfg.CreateInactivityMonitor = func() udpClient.InactivityMonitor {
+		return inactivity.NewNilMonitor[*udpClient.Conn]()
+	}
 }
 
 // coapListener is the piondtls Listener as go-coap's DTLS server takes it.
