@@ -69,10 +69,10 @@ func (r *Result) Print(w io.Writer) {
 	row("datagrams through the proxies (device side)", fmt.Sprintf("%d, %.0f/s", r.Sent+r.Received, float64(r.Sent+r.Received)/r.Elapsed.Seconds()))
 	tw.Flush()
 
-	fmt.Fprintln(tw, "\n  server\tsessions at the end\tregistrations (again)\tupdates (4.04)\texpired\tnotifications\tduplicates\tno-session records\tcut by drain")
+	fmt.Fprintln(tw, "\n  server\tsessions at the end\tregistrations (again)\tupdates (4.04)\texpired\tnotifications\tduplicates\tno-session records\tforeign hellos\tcut by drain")
 	for _, s := range r.Servers {
-		fmt.Fprintf(tw, "  %d\t%d\t%d (%d)\t%d (%d)\t%d\t%d\t%d\t%d\t%d\n", s.Ordinal, s.Sessions, s.Registrations, s.ReRegistrations,
-			s.Updates, s.UpdatesUnknown, s.Expired, s.Notifications, s.Duplicates, s.DroppedNoSess, s.Cut)
+		fmt.Fprintf(tw, "  %d\t%d\t%d (%d)\t%d (%d)\t%d\t%d\t%d\t%d\t%d\t%d\n", s.Ordinal, s.Sessions, s.Registrations, s.ReRegistrations,
+			s.Updates, s.UpdatesUnknown, s.Expired, s.Notifications, s.Duplicates, s.DroppedNoSess, s.DroppedForeign, s.Cut)
 	}
 	tw.Flush()
 	if len(r.RSS) > 0 {
