@@ -108,5 +108,5 @@ func (r *Result) Problems() []string {
 	return p
 }
 
-// String is Problems on one line.
+// problems joins Problems on one line.
 func problems(p []string) string { return strings.Join(p, "; ") }

@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/maphash"
 	"io"
@@ -351,5 +350,3 @@ func (t *topology) serverStats() []lwm2m.Stats {
 	}
 	return out
 }
-
-var errStopped = errors.New("fleet: stopped")
