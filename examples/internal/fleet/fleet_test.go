@@ -28,8 +28,8 @@ func TestSteadyFleet(t *testing.T) {
 		// change on a loaded machine is abandoned and tried again within
 		// the run (docs/design.md, the one-round-trip window).
 		HandshakeTimeout: 5 * time.Second,
-		Progress:      testWriter{t},
-		Log:           os.Stderr,
+		Progress:         testWriter{t},
+		Log:              os.Stderr,
 	})
 	if err != nil {
 		t.Fatal(err)
