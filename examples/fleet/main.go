@@ -7,6 +7,7 @@
 //
 //	go run ./examples/fleet -devices 1000
 //	go run ./examples/fleet -devices 1000 -disrupt server-restart
+//	go run ./examples/fleet -devices 1000 -disrupt server-kill
 //	go run ./examples/fleet -devices 1000 -disrupt proxy-restart
 //	go run ./examples/fleet -devices 1000 -disrupt proxy-kill
 //
@@ -54,7 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxRetransmit, "max-retransmit", 4, "CoAP MAX_RETRANSMIT (RFC 7252: 4)")
 	fs.DurationVar(&cfg.HandshakeTimeout, "handshake-timeout", 15*time.Second, "DTLS handshake timeout")
 	fs.DurationVar(&cfg.RouteIdle, "route-idle", 0, "the servers' PPv2 route lifetime (0: the adapter's default, 5m)")
-	dis := fs.String("disrupt", "", "disruption in the middle of the run: server-restart, proxy-restart or proxy-kill")
+	dis := fs.String("disrupt", "", "disruption in the middle of the run: server-restart (drained), server-kill (crashed), proxy-restart or proxy-kill")
 	fs.DurationVar(&cfg.DisruptAt, "disrupt-at", 0, "when the disruption starts, after the last device started (0: a third of -duration)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain", 2*time.Second, "a restarted server's drain: then its sessions are closed with close_notify")
 	fs.DurationVar(&cfg.Pause, "pause", 5*time.Second, "between two replicas' restarts")

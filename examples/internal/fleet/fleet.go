@@ -38,6 +38,7 @@ type Disruption string
 const (
 	None          Disruption = ""
 	ServerRestart Disruption = "server-restart" // every server in turn: drain, stop, start again
+	ServerKill    Disruption = "server-kill"    // every server in turn: killed (no close_notify), started again
 	ProxyRestart  Disruption = "proxy-restart"  // every proxy replica in turn: a new instance takes its sockets over
 	ProxyKill     Disruption = "proxy-kill"     // one proxy replica stops; the load balancer notices after LBDetect
 )
@@ -137,7 +138,7 @@ func (c *Config) defaults() error {
 		return errors.New("fleet: disruptions need the servers and proxies this process starts, not -connect")
 	case c.Disruption == ProxyKill && c.Proxies < 2:
 		return errors.New("fleet: killing a proxy replica needs at least two")
-	case c.Disruption != None && c.Disruption != ServerRestart && c.Disruption != ProxyRestart && c.Disruption != ProxyKill:
+	case c.Disruption != None && c.Disruption != ServerRestart && c.Disruption != ServerKill && c.Disruption != ProxyRestart && c.Disruption != ProxyKill:
 		return fmt.Errorf("fleet: unknown disruption %q", c.Disruption)
 	}
 	return nil
@@ -300,13 +301,18 @@ func disrupt(ctx context.Context, cfg *Config, t *topology, at, begin time.Time)
 		return log
 	}
 	switch cfg.Disruption {
-	case ServerRestart:
+	case ServerRestart, ServerKill:
 		for i, s := range t.servers {
 			if i > 0 && !wait(cfg.Pause) {
 				return log
 			}
-			note("server %d: drain (%v), stop", s.ordinal, cfg.DrainTimeout)
-			s.stop(cfg.DrainTimeout)
+			if cfg.Disruption == ServerKill {
+				note("server %d: killed", s.ordinal)
+				s.stop(-1)
+			} else {
+				note("server %d: drain (%v), stop", s.ordinal, cfg.DrainTimeout)
+				s.stop(cfg.DrainTimeout)
+			}
 			if err := s.start(); err != nil {
 				note("server %d: restart failed: %v", s.ordinal, err)
 				return log

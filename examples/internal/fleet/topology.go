@@ -63,7 +63,8 @@ func (s *serverSlot) start() error {
 	return err
 }
 
-// stop drains the server for drain (0: closes it at once) and closes it.
+// stop drains the server for drain and closes it; 0 closes it at once
+// (close_notify to every session), below 0 kills it (no close_notify).
 func (s *serverSlot) stop(drain time.Duration) {
 	s.mu.Lock()
 	srv := s.cur
@@ -71,12 +72,17 @@ func (s *serverSlot) stop(drain time.Duration) {
 	if srv == nil {
 		return
 	}
-	if drain > 0 {
+	switch {
+	case drain > 0:
 		ctx, cancel := context.WithTimeout(context.Background(), drain)
 		srv.Drain(ctx)
 		cancel()
+		srv.Close()
+	case drain < 0:
+		srv.Kill()
+	default:
+		srv.Close()
 	}
-	srv.Close()
 	s.mu.Lock()
 	s.past = append(s.past, srv.Stats())
 	s.cur = nil

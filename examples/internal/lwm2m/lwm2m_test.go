@@ -126,3 +126,38 @@ func TestQueueModeSilence(t *testing.T) {
 		t.Fatalf("update after 18 s of silence: %v", err)
 	}
 }
+
+// TestKill: a killed server sends no close_notify; its device learns of
+// it when an update goes unanswered, where a closed one's learns at once.
+func TestKill(t *testing.T) {
+	for _, kill := range []bool{false, true} {
+		s, err := Listen(ServerConfig{PSK: testPSK, Direct: backend.DirectAccept})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := dial(t, s, DeviceConfig{Endpoint: "dev-4", ACKTimeout: 200 * time.Millisecond, MaxRetransmit: 1})
+		if err := d.Register(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if kill {
+			s.Kill()
+		} else {
+			s.Close()
+		}
+		select {
+		case <-d.Done():
+			if kill {
+				t.Fatal("a killed server's device saw its session end")
+			}
+		case <-time.After(2 * time.Second):
+			if !kill {
+				t.Fatal("a closed server's device did not see close_notify")
+			}
+		}
+		if kill {
+			if err := d.Update(context.Background()); err == nil {
+				t.Fatal("an update to a killed server was answered")
+			}
+		}
+	}
+}

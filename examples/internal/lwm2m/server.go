@@ -320,6 +320,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 // many it closed. Close the server after it.
 func (s *Server) Drain(ctx context.Context) int { return s.ln.Drain(ctx) }
 
+// Kill stops the server as a crash would: the socket closes first, so
+// that no close_notify reaches a device, which learns of it only when an
+// exchange goes unanswered.
+func (s *Server) Kill() error {
+	s.bc.Close()
+	return s.Close()
+}
+
 // Close stops serving, ends every session and closes the socket. It is
 // idempotent.
 func (s *Server) Close() error {
