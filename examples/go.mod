@@ -12,6 +12,7 @@ require (
 	github.com/pion/dtls/v2 v2.2.12
 	github.com/pion/dtls/v3 v3.1.15
 	github.com/pion/transport/v5 v5.1.4
+	github.com/plgd-dev/go-coap/v3 v3.8.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/quic-go/quic-go v0.65.0
 	github.com/stretchr/testify v1.12.1
@@ -28,7 +29,6 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/pion/logging v0.2.4 // indirect
 	github.com/pion/transport/v2 v2.2.4 // indirect
-	github.com/plgd-dev/go-coap/v3 v3.8.1 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
