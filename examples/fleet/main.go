@@ -50,6 +50,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Lifetime, "lifetime", time.Minute, "registration lifetime (lt)")
 	fs.Float64Var(&cfg.UpdateFraction, "update-fraction", 0.5, "update after this fraction of the lifetime; a device sleeps in between")
 	fs.BoolVar(&cfg.NoRebind, "no-rebind", false, "keep the source port across sleeps (default: a new one on every wake, a NAT rebinding)")
+	fs.BoolVar(&cfg.RebindOnSleep, "rebind-on-sleep", false, "take the new port when falling asleep, not on waking: what the server sends to a sleeping device is lost (radio off)")
 	fs.Float64Var(&cfg.Ramp, "ramp", 200, "devices started per second")
 	fs.DurationVar(&cfg.ACKTimeout, "ack-timeout", 2*time.Second, "CoAP ACK_TIMEOUT (RFC 7252: 2s)")
 	fs.IntVar(&cfg.MaxRetransmit, "max-retransmit", 4, "CoAP MAX_RETRANSMIT (RFC 7252: 4)")

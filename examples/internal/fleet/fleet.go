@@ -57,6 +57,11 @@ type Config struct {
 	// NoRebind keeps a device's source port across sleeps (default: a
 	// new port, and so possibly another proxy replica, on every wake).
 	NoRebind bool
+	// RebindOnSleep moves a device to its new port when it falls asleep
+	// instead of when it wakes: whatever the server sends while it sleeps
+	// (a drain's close_notify) goes to the old mapping and is lost, as for
+	// a device whose radio is off.
+	RebindOnSleep bool
 	// Ramp is the rate at which devices start (0 = 200 a second).
 	Ramp float64
 	// ACKTimeout and MaxRetransmit are CoAP's transmission parameters
@@ -429,6 +434,10 @@ func (d *device) run(ctx context.Context, end time.Time) {
 			nap = d.period/2 + rand.N(d.period/2)
 			first = false
 		}
+		asleepRebound := false
+		if !d.cfg.NoRebind && d.cfg.RebindOnSleep {
+			asleepRebound = d.sock.rebind() == nil
+		}
 		if !sleepUntil(ctx, time.Now().Add(nap)) {
 			return
 		}
@@ -440,8 +449,8 @@ func (d *device) run(ctx context.Context, end time.Time) {
 			continue
 		default:
 		}
-		rebound := false
-		if !d.cfg.NoRebind {
+		rebound := asleepRebound
+		if !d.cfg.NoRebind && !d.cfg.RebindOnSleep {
 			if err := d.sock.rebind(); err != nil {
 				continue
 			}

@@ -43,8 +43,15 @@ func (r *Result) Print(w io.Writer) {
 	if dis == "" {
 		dis = "none (steady state)"
 	}
-	fmt.Fprintf(w, "\nfleet: %d devices, %d LwM2M servers behind %d cidproxy replicas; lifetime %v, update every %v, rebinding on wake: %v\n",
-		r.Devices, cfg.Servers, cfg.Proxies, cfg.Lifetime, time.Duration(float64(cfg.Lifetime)*cfg.UpdateFraction), !cfg.NoRebind)
+	rebind := "on waking"
+	switch {
+	case cfg.NoRebind:
+		rebind = "none"
+	case cfg.RebindOnSleep:
+		rebind = "on falling asleep (radio off)"
+	}
+	fmt.Fprintf(w, "\nfleet: %d devices, %d LwM2M servers behind %d cidproxy replicas; lifetime %v, update every %v, new port: %s\n",
+		r.Devices, cfg.Servers, cfg.Proxies, cfg.Lifetime, time.Duration(float64(cfg.Lifetime)*cfg.UpdateFraction), rebind)
 	fmt.Fprintf(w, "ran %.0f s (devices started over %.0f s); CoAP ACK_TIMEOUT %v, MAX_RETRANSMIT %d; disruption: %s\n",
 		r.Elapsed.Seconds(), r.Started.Seconds(), cfg.ACKTimeout, cfg.MaxRetransmit, dis)
 	for _, l := range r.Disrupted {
