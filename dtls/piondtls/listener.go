@@ -99,6 +99,11 @@ type Stats struct {
 	Cut                 uint64 // sessions a Listener's Drain closed at its deadline
 	IdleClosed          uint64 // sessions closed after Config.SessionIdle without a datagram
 	DroppedFull         uint64 // ClientHellos refused with Config.MaxSessions live sessions
+	// AddressTaken counts the ClientHellos that started a new session
+	// from the client address of a session whose client already sent
+	// records by its CID (a reboot, or a NAT that gave the address to
+	// another device); the older session goes on by its CID.
+	AddressTaken uint64
 }
 
 // Generator returns pion's ConnectionIDGenerator for a backend's ordinal,
@@ -150,7 +155,7 @@ type PacketListener struct {
 
 	st struct {
 		delivered, newSessions, noSession, foreignHello, malformed, backlog, queue atomic.Uint64
-		probes, probesDropped, cut, idleClosed, full                               atomic.Uint64
+		probes, probesDropped, cut, idleClosed, full, addressTaken                 atomic.Uint64
 	}
 }
 
@@ -266,6 +271,7 @@ func (l *PacketListener) Stats() Stats {
 		Cut:                 l.st.cut.Load(),
 		IdleClosed:          l.st.idleClosed.Load(),
 		DroppedFull:         l.st.full.Load(),
+		AddressTaken:        l.st.addressTaken.Load(),
 	}
 }
 
@@ -301,6 +307,9 @@ func (l *PacketListener) readLoop() {
 		if byCID || !s.hasCID.Load() {
 			s.latest.Store(ap)
 		}
+		if byCID && !s.viaCID.Load() {
+			s.viaCID.Store(true)
+		}
 		s.seen.Store(l.clock.Load())
 		s.deliver(buf[:n], ap)
 	}
@@ -330,9 +339,20 @@ func (l *PacketListener) route(b []byte, a *backend.Addr) (s *session, byCID boo
 			return s, true
 		}
 	}
+	taken := false
 	if s := l.byClient[a.Client]; s != nil {
-		l.st.delivered.Add(1)
-		return s, false
+		if !cl.ClientHello || !s.viaCID.Load() {
+			l.st.delivered.Add(1)
+			return s, false
+		}
+		// A ClientHello from the address of a session whose client
+		// already sends by its CID is no retransmission of that session's
+		// handshake: the client rebooted, or a NAT gave the address of a
+		// device asleep on another port to a new device. It starts a
+		// session of its own below, which takes the address; the old one
+		// stays reachable by its CID. (Sent to the old session, the hello
+		// would be swallowed until it ended: hours for a sleeping fleet.)
+		taken = true
 	}
 	if !cl.ClientHello {
 		l.st.noSession.Add(1)
@@ -361,6 +381,9 @@ func (l *PacketListener) route(b []byte, a *backend.Addr) (s *session, byCID boo
 	l.all[s] = struct{}{}
 	l.sessions++
 	l.st.newSessions.Add(1)
+	if taken {
+		l.st.addressTaken.Add(1)
+	}
 	l.st.delivered.Add(1)
 	return s, false
 }
@@ -411,6 +434,7 @@ type session struct {
 	seen        atomic.Int64                 // l.clock when its newest datagram arrived
 	latest      atomic.Pointer[backend.Addr] // the newest datagram's address (see WriteTo)
 	established atomic.Bool                  // the server has sent a record of epoch 1 or later
+	viaCID      atomic.Bool                  // a datagram has reached it by its CID: the client has it
 
 	rdl, wdl  *deadline.Deadline
 	closed    chan struct{}
