@@ -159,6 +159,12 @@ func takeOver(ctx context.Context, path string, log *slog.Logger) (*inherited, e
 		return nil, fmt.Errorf("handover from the cidproxy at %s: %w", path, err)
 	}
 	if err := h.send(hoMsg{Type: "hello", PID: os.Getpid(), Version: Version}, nil); err != nil {
+		if predecessorGone(err) {
+			h.closeRest()
+			c.Close()
+			log.Warn("handover: the predecessor went away before the hello; starting afresh", "path", path, "err", err)
+			return nil, nil
+		}
 		return fail(err)
 	}
 	hoStep(ctx, "successor", "hello-sent")
@@ -174,7 +180,7 @@ func takeOver(ctx context.Context, path string, log *slog.Logger) (*inherited, e
 			c.Close()
 			return nil, errDeclined
 		}
-		if errors.Is(err, errHandoverClosed) || errors.Is(err, syscall.ECONNRESET) {
+		if errors.Is(err, errHandoverClosed) || predecessorGone(err) {
 			h.closeRest()
 			c.Close()
 			log.Warn("handover: the predecessor went away before it passed its sockets; starting afresh", "path", path, "err", err)
@@ -411,6 +417,13 @@ func (h *inherited) send(m hoMsg, conns []syscall.Conn) error {
 }
 
 var errHandoverClosed = errors.New("handover: connection closed")
+
+// predecessorGone reports whether err says the other end of the handover
+// connection died: reset (killed with the connection still in its accept
+// queue, or unread) or closed (a broken pipe).
+func predecessorGone(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
 
 func closeConns(cs []*net.UDPConn) {
 	for _, c := range cs {

@@ -396,3 +396,30 @@ func TestHandoverDirRefused(t *testing.T) {
 		assert.Contains(t, r.logs.String(), "belongs to uid 65534")
 	})
 }
+
+// TestHandoverPredecessorGoneBeforeHello: a predecessor that dies as the
+// successor connects (it accepted, or had the connection only queued)
+// makes the successor's hello fail with a broken pipe or a reset; the
+// successor starts afresh instead of stopping with an error (CI saw
+// "sending hello: sendmsg: connection reset by peer" stop it).
+func TestHandoverPredecessorGoneBeforeHello(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "handover.sock")
+	log := slog.New(slog.DiscardHandler)
+	for i := range 200 {
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+		require.NoError(t, err)
+		ln.SetUnlinkOnClose(false)
+		go func() {
+			if i%2 == 0 { // killed after accepting
+				if c, err := ln.Accept(); err == nil {
+					c.Close()
+				}
+			}
+			ln.Close() // killed with the connection in its queue
+		}()
+		h, err := takeOver(context.Background(), path, log)
+		require.NoError(t, err, "attempt %d", i)
+		require.Nil(t, h)
+		os.Remove(path)
+	}
+}
