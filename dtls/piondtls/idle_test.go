@@ -23,15 +23,7 @@ import (
 func TestSessionIdle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	bc := newBackendConn(t, nil)
-	gen, err := Generator(0, 0)
-	require.NoError(t, err)
-	cfg := pskConfig()
-	cfg.ConnectionIDGenerator = gen
-	ln, err := ListenConfig(bc, Config{SessionIdle: time.Second}, cfg)
-	require.NoError(t, err)
-	e := serveEcho(t, ln, bc)
-	to := bc.LocalAddr().(*net.UDPAddr).AddrPort()
+	e, to := startCIDEcho(t, Config{SessionIdle: time.Second})
 	quiet := dial(t, ctx, newSwitchConn(t, to))
 	chatty := dial(t, ctx, newSwitchConn(t, to))
 	assert.Equal(t, "0|q", ask(t, quiet, "q"))
@@ -47,9 +39,9 @@ func TestSessionIdle(t *testing.T) {
 	st := e.ln.Stats()
 	assert.Equal(t, uint64(1), st.IdleClosed, "the quiet session, and only it")
 	assert.Equal(t, 1, st.Sessions)
-	ln.pl.mu.Lock()
-	ncid, nclient := len(ln.pl.byCID), len(ln.pl.byClient)
-	ln.pl.mu.Unlock()
+	e.ln.pl.mu.Lock()
+	ncid, nclient := len(e.ln.pl.byCID), len(e.ln.pl.byClient)
+	e.ln.pl.mu.Unlock()
 	assert.Equal(t, 1, ncid, "the quiet session's CID is forgotten")
 	assert.Equal(t, 1, nclient)
 
@@ -68,15 +60,7 @@ func TestSessionIdle(t *testing.T) {
 func TestMaxSessions(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	bc := newBackendConn(t, nil)
-	gen, err := Generator(0, 0)
-	require.NoError(t, err)
-	cfg := pskConfig()
-	cfg.ConnectionIDGenerator = gen
-	ln, err := ListenConfig(bc, Config{MaxSessions: 1}, cfg)
-	require.NoError(t, err)
-	e := serveEcho(t, ln, bc)
-	to := bc.LocalAddr().(*net.UDPAddr).AddrPort()
+	e, to := startCIDEcho(t, Config{MaxSessions: 1})
 	first := dial(t, ctx, newSwitchConn(t, to))
 	assert.Equal(t, "0|a", ask(t, first, "a"))
 

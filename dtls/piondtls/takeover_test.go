@@ -3,6 +3,7 @@ package piondtls
 import (
 	"context"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -19,15 +20,7 @@ import (
 func TestHelloTakesAddressOfCIDSession(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	bc := newBackendConn(t, nil)
-	gen, err := Generator(0, 0)
-	require.NoError(t, err)
-	cfg := pskConfig()
-	cfg.ConnectionIDGenerator = gen
-	ln, err := ListenConfig(bc, Config{}, cfg)
-	require.NoError(t, err)
-	e := serveEcho(t, ln, bc)
-	to := bc.LocalAddr().(*net.UDPAddr).AddrPort()
+	e, to := startCIDEcho(t, Config{})
 
 	sleeper := newSwitchConn(t, to)
 	a := dial(t, ctx, sleeper)
@@ -64,15 +57,7 @@ func TestHelloTakesAddressOfCIDSession(t *testing.T) {
 func TestHelloBeforeCIDStaysInSession(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	bc := newBackendConn(t, nil)
-	gen, err := Generator(0, 0)
-	require.NoError(t, err)
-	cfg := pskConfig()
-	cfg.ConnectionIDGenerator = gen
-	ln, err := ListenConfig(bc, Config{}, cfg)
-	require.NoError(t, err)
-	e := serveEcho(t, ln, bc)
-	to := bc.LocalAddr().(*net.UDPAddr).AddrPort()
+	e, to := startCIDEcho(t, Config{})
 
 	// A client without CIDs never sends by one: its repeated hellos
 	// (pion retransmits the first flight) and its data go to one session.
@@ -87,4 +72,18 @@ func TestHelloBeforeCIDStaysInSession(t *testing.T) {
 	st := e.ln.Stats()
 	assert.Equal(t, uint64(1), st.NewSessions)
 	assert.Zero(t, st.AddressTaken)
+}
+
+// startCIDEcho serves an echo behind a listener with cfg whose sessions
+// issue ordinal-0 CIDs, and returns it with the address clients dial.
+func startCIDEcho(t *testing.T, cfg Config) (*echoListener, netip.AddrPort) {
+	t.Helper()
+	bc := newBackendConn(t, nil)
+	gen, err := Generator(0, 0)
+	require.NoError(t, err)
+	pc := pskConfig()
+	pc.ConnectionIDGenerator = gen
+	ln, err := ListenConfig(bc, cfg, pc)
+	require.NoError(t, err)
+	return serveEcho(t, ln, bc), bc.LocalAddr().(*net.UDPAddr).AddrPort()
 }
