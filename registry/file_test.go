@@ -411,8 +411,9 @@ func TestFileHungRead(t *testing.T) {
 	}
 	stop := runFile(f, r)
 	defer close(release)
-	waitFor(t, func() bool { return r.Stats().Rejections == 2 }) // timed out, then still blocked
-	time.Sleep(50 * time.Millisecond)                            // more polls
+	// Timed out, then still blocked; the count comes before the log line.
+	waitFor(t, func() bool { return r.Stats().Rejections == 2 && logs.count(slog.LevelError) == 2 })
+	time.Sleep(50 * time.Millisecond) // more polls
 	equal(t, r.Stats().Rejections, uint64(2))
 	equal(t, logs.count(slog.LevelError), 2)
 	equal(t, reads.Load(), int64(1), "one stuck read at a time")

@@ -28,7 +28,8 @@ func TestFileFIFO(t *testing.T) {
 		}
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for r.Stats().Rejections == 0 {
+	// The count comes before the log line: wait for both.
+	for r.Stats().Rejections == 0 || logs.count(slog.LevelError) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the FIFO was neither refused nor counted within 10 s")
 		}
