@@ -117,16 +117,19 @@ func TestOrigSrcPion(t *testing.T) {
 			require.NoError(t, err)
 			rs := []*replica{a, b}
 
-			const clients = 12 // all on one backend by chance: 2 in 4096
+			// At least 12 clients, and more until HRW has given each backend
+			// a session (12 land on one backend by chance 2 in 4096 runs,
+			// 64 in 2 in 2^64).
 			var cs []*origPionClient
-			owner := make([]int, clients)
+			var owner []int
 			per := map[int]int{}
-			for i := range clients {
+			for i := 0; i < 12 || len(per) < 2 && i < 64; i++ {
 				c := l.dialPion(t, f.clients[0], rs[i%2].addr, pub)
 				cs = append(cs, c)
-				owner[i], _ = c.ask(t, fmt.Sprintf("client %d first", i))
-				require.Equal(t, owner[i], int(c.sock.CID()[0]), "client %d answered by the server its CID names", i)
-				per[owner[i]]++
+				o, _ := c.ask(t, fmt.Sprintf("client %d first", i))
+				require.Equal(t, o, int(c.sock.CID()[0]), "client %d answered by the server its CID names", i)
+				owner = append(owner, o)
+				per[o]++
 			}
 			t.Logf("sessions per backend: %v", per)
 			require.Len(t, per, 2, "HRW spread the handshakes over both backends")
