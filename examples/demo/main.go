@@ -31,7 +31,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	err := demo.Run(ctx, os.Stdout, log, *d)
+	err := demo.Run(ctx, os.Stdout, log, *d, demo.Records)
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo failed: %v\n", err)

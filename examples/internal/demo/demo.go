@@ -1,11 +1,12 @@
 // Package demo is the cidroute demo that `go run ./examples/demo` and
 // `cidproxy -demo` run: two proxy replicas built from one configuration,
-// three pion/dtls v3 backends behind the PPv2 adapter, and pion/dtls v3
-// clients with connection IDs that rebind like a NAT and switch replicas.
+// three echo backends behind the PPv2 adapter, and clients with connection
+// IDs that rebind like a NAT and switch replicas.
 //
-// It imports only the core module, pion/dtls v3 and the pion adapter, so
-// that a first `go run` compiles nothing it does not show (no Prometheus,
-// eBPF or Kubernetes code); a test keeps it so.
+// The backends and clients are a Stack. This package's Records stack
+// imports only the core module, so that a first `go run` compiles nothing
+// it does not show (no TLS stack, Prometheus, eBPF or Kubernetes code); a
+// test keeps it so. Package piondemo runs the same demo with pion/dtls v3.
 package demo
 
 import (
@@ -23,12 +24,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	pion "github.com/pion/dtls/v3"
-
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/dtls"
-	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 	"github.com/cidroute/cidroute/ppv2/backend"
 	"github.com/cidroute/cidroute/proxyconfig"
 	"github.com/cidroute/cidroute/registry"
@@ -56,11 +54,10 @@ const (
 	grace       = 30 * time.Second       // how long a slow client may run past the deadline to move once
 )
 
-var psk = []byte("cidroute demo key")
-
-// public is the replicas' common public address. It is on loopback
-// because the clients are, and no socket binds it.
-var public = netip.MustParseAddrPort("127.0.0.2:5684")
+// Public is the replicas' common public address, the peer address of
+// every client session. It is on loopback because the clients are, and no
+// socket binds it.
+var Public = netip.MustParseAddrPort("127.0.0.2:5684")
 
 // hooks let the tests change what the demo runs without changing what it
 // checks: a misrouting replica, a client whose sockets reuse ports.
@@ -83,16 +80,16 @@ var defaultHooks = hooks{
 	handshake: handshake,
 }
 
-// Run runs the demo for about d, prints what happened to out, and returns
-// an error if any session was not carried as its CID says. log receives
-// the components' warnings and errors.
-func Run(ctx context.Context, out io.Writer, log *slog.Logger, d time.Duration) error {
-	return run(ctx, out, log, d, defaultHooks)
+// Run runs the demo with stack for about d, prints what happened to out,
+// and returns an error if any session was not carried as its CID says.
+// log receives the components' warnings and errors.
+func Run(ctx context.Context, out io.Writer, log *slog.Logger, d time.Duration, stack Stack) error {
+	return run(ctx, out, log, d, stack, defaultHooks)
 }
 
-func run(ctx context.Context, out io.Writer, log *slog.Logger, d time.Duration, h hooks) error {
+func run(ctx context.Context, out io.Writer, log *slog.Logger, d time.Duration, stack Stack, h hooks) error {
 	tr := &tracker{clients: map[int]*clientSeen{}}
-	var backends []*dtlsecho.Server
+	var backends []Backend
 	defer func() {
 		for _, b := range backends {
 			b.Close()
@@ -100,15 +97,13 @@ func run(ctx context.Context, out io.Writer, log *slog.Logger, d time.Duration, 
 	}()
 	var list []registry.Backend
 	for ord := range uint8(numBackends) {
-		b, err := dtlsecho.Listen(dtlsecho.Config{
+		b, err := stack.Backend(BackendConfig{
 			Ordinal:          ord,
-			PSK:              psk,
+			Prefix:           fmt.Sprintf("%d|", ord), // so clients see who answered
 			TrustedProxies:   []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
-			Direct:           backend.DirectNoHandshake, // no client around the proxies
-			Prefix:           fmt.Sprintf("%d|", ord),   // so clients see who answered
 			HandshakeTimeout: handshake,
 			Logger:           log.With("backend", ord),
-			Observe:          func(m dtlsecho.Message) { tr.observe(ord, m) },
+			Observe:          func(m Message) { tr.observe(ord, m) },
 		})
 		if err != nil {
 			return err
@@ -129,7 +124,7 @@ func run(ctx context.Context, out io.Writer, log *slog.Logger, d time.Duration, 
 			Name:     service,
 			Protocol: cidroute.DTLS,
 			Listen:   netip.MustParseAddrPort("127.0.0.1:0"), // each replica gets its own port
-			Public:   public,
+			Public:   Public,
 			CIDLen:   cidroute.DefaultDTLSCIDLen,
 			Workers:  1,
 			Backends: h.backends(i, list),
@@ -158,13 +153,13 @@ func run(ctx context.Context, out io.Writer, log *slog.Logger, d time.Duration, 
 	defer func() { stop(); wg.Wait() }()
 
 	fmt.Fprintf(out, "cidroute demo: DTLS service %q at public address %v, served by proxy replicas A (%v) and B (%v)\n",
-		service, public, addrs[0], addrs[1])
-	fmt.Fprintf(out, "  %d pion/dtls v3 echo backends behind them, %d pion/dtls v3 clients with connection IDs, %v of traffic\n",
-		numBackends, numClients, d)
+		service, Public, addrs[0], addrs[1])
+	fmt.Fprintf(out, "  %d echo backends behind them, %d clients with connection IDs, %v of traffic\n  sessions: %s\n",
+		numBackends, numClients, d, stack.Sessions)
 	agree, total := replicasAgree(replicas)
 	fmt.Fprintf(out, "routing step: both replicas pick the same backend for %d/%d new sessions from random client addresses (hrw_seed %d)\n", agree, total, seed)
 
-	cs := runClients(ctx, addrs, d, h)
+	cs := runClients(ctx, addrs, d, stack, h)
 	if ctx.Err() != nil {
 		return errors.New("interrupted")
 	}
@@ -232,9 +227,8 @@ func replicasAgree(rs []*replica) (agree, total int) {
 	return agree, total
 }
 
-// A client is one pion/dtls v3 session with CID, and what it observed.
-// It learns the CID the backend issued from its own outgoing records
-// (pion does not expose it), so it knows which backend must answer, and
+// A client is one session with CID, and what it observed. It knows the
+// CID the backend issued, so it knows which backend must answer, and
 // every echo names the backend that sent it.
 type client struct {
 	cid        []byte
@@ -257,42 +251,36 @@ type socket struct {
 	echoed  int // answered by the backend the CID names
 }
 
-func runClients(ctx context.Context, replicas []netip.AddrPort, d time.Duration, h hooks) []*client {
+func runClients(ctx context.Context, replicas []netip.AddrPort, d time.Duration, stack Stack, h hooks) []*client {
 	deadline := time.Now().Add(d)
 	cs := make([]*client, numClients)
 	var wg sync.WaitGroup
 	for i := range cs {
 		cs[i] = &client{ordinal: -1, answeredBy: map[int]int{}}
-		wg.Go(func() { cs[i].run(ctx, i, replicas, deadline, h.listen(i), h.handshake) })
+		wg.Go(func() { cs[i].run(ctx, i, replicas, deadline, stack, h.listen(i), h.handshake) })
 	}
 	wg.Wait()
 	return cs
 }
 
-func (c *client) run(ctx context.Context, id int, replicas []netip.AddrPort, deadline time.Time, listen func() (*net.UDPConn, error), hsTimeout time.Duration) {
+func (c *client) run(ctx context.Context, id int, replicas []netip.AddrPort, deadline time.Time, stack Stack, listen func() (*net.UDPConn, error), hsTimeout time.Duration) {
 	via := id % len(replicas)
-	sock, err := cidroutetest.ListenRebindFunc(listen, replicas[via], net.UDPAddrFromAddrPort(public))
+	sock, err := cidroutetest.ListenRebindFunc(listen, replicas[via], net.UDPAddrFromAddrPort(Public))
 	if err != nil {
 		c.err = err
 		return
 	}
 	c.sockets = append(c.sockets, socket{port: sock.Local().Port(), replica: via})
-	sock.WatchDTLSCID(cidroute.DefaultDTLSCIDLen)
-	conn, err := pion.Client(sock, net.UDPAddrFromAddrPort(public), dtlsecho.PSKClientConfig(psk, fmt.Sprint("client-", id)))
-	if err != nil {
-		sock.Close()
-		c.err = err
-		return
-	}
-	defer conn.Close()
 	hctx, cancel := context.WithTimeout(ctx, hsTimeout)
-	err = conn.HandshakeContext(hctx)
+	conn, err := stack.Client(hctx, sock, id)
 	cancel()
 	if err != nil {
+		sock.Close()
 		c.err = fmt.Errorf("handshake: %w", err)
 		return
 	}
-	if cid := sock.CID(); len(cid) > 0 {
+	defer conn.Close()
+	if cid := conn.CID(); len(cid) > 0 {
 		c.cid, c.ordinal = cid, int(cid[0]) // ordinal-first: byte 0
 	}
 	buf := make([]byte, 2048)
@@ -323,13 +311,13 @@ func (c *client) run(ctx context.Context, id int, replicas []netip.AddrPort, dea
 			if try > 0 {
 				c.resent++
 			}
-			if _, err := conn.Write([]byte(msg)); err != nil {
+			if err := conn.Write([]byte(msg)); err != nil {
 				c.err = err
 				return
 			}
-			conn.SetReadDeadline(time.Now().Add(wait))
+			until := time.Now().Add(wait)
 			for !answered {
-				n, err := conn.Read(buf)
+				n, err := conn.Read(buf, until)
 				var ne net.Error
 				if errors.As(err, &ne) && ne.Timeout() {
 					break // resend
@@ -388,7 +376,7 @@ type clientSeen struct {
 	sessions map[uint64]bool
 }
 
-func (t *tracker) observe(ord uint8, m dtlsecho.Message) {
+func (t *tracker) observe(ord uint8, m Message) {
 	var id, seq int
 	_, err := fmt.Sscanf(string(m.Data), "client %d message %d", &id, &seq)
 	t.mu.Lock()
@@ -411,7 +399,7 @@ func (t *tracker) observe(ord uint8, m dtlsecho.Message) {
 // each on what the table shows: the backend the CID names answered every
 // message, through every socket and both replicas the client used, in one
 // session. None depends on which source ports the kernel hands out.
-func report(out io.Writer, tr *tracker, backends []*dtlsecho.Server, replicas []*replica, upstream map[uint16]int, cs []*client, agreed bool) error {
+func report(out io.Writer, tr *tracker, backends []Backend, replicas []*replica, upstream map[uint16]int, cs []*client, agreed bool) error {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	var fails []string
@@ -431,12 +419,12 @@ func report(out io.Writer, tr *tracker, backends []*dtlsecho.Server, replicas []
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	var noSession uint64
 	for _, b := range backends {
-		st, dm := b.Stats()
-		noSession += dm.DroppedNoSession
-		ss := b.Sessions()
+		r := b.Report()
+		st := r.Adapter
+		noSession += r.NoSession
 		fmt.Fprintf(w, "backend %d\t%v\t%s\t%d datagrams from the proxies\t%d records for no session\n",
-			b.Ordinal(), b.Addr(), plural(len(ss), "session"), st.AcceptedProxied, dm.DroppedNoSession)
-		for _, s := range ss {
+			b.Ordinal(), b.Addr(), plural(len(r.Sessions), "session"), st.AcceptedProxied, r.NoSession)
+		for _, s := range r.Sessions {
 			fmt.Fprintf(w, "  session %d\t%s → %s\t%s\t%s\n", s.ID, via(s.First), via(s.Last), plural(s.Messages, "message"), plural(s.Moves, "move"))
 		}
 		if st.AcceptedDirect > 0 || st.DroppedUntrusted > 0 {
