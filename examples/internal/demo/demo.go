@@ -28,7 +28,6 @@ import (
 	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/dtls"
 	"github.com/cidroute/cidroute/ppv2/backend"
-	"github.com/cidroute/cidroute/proxyconfig"
 	"github.com/cidroute/cidroute/registry"
 )
 
@@ -111,46 +110,35 @@ func run(ctx context.Context, out io.Writer, log *slog.Logger, d time.Duration, 
 		backends = append(backends, b)
 		list = append(list, registry.Backend{Ordinal: ord, Addr: b.Addr()})
 	}
-	var replicas []*replica
+	// Every replica runs the same service with the same seed and
+	// backends (as cidproxy replicas do from one configuration), each on
+	// a port of its own.
+	svc := cidroute.Service{
+		Name:         service,
+		Listen:       netip.MustParseAddrPort("127.0.0.1:0"),
+		RouterConfig: cidroute.RouterConfig{Protocol: cidroute.DTLS, CIDLen: cidLen, PublicAddr: Public},
+		Workers:      1,
+	}
+	var replicas []*cidroutetest.Proxy
 	defer func() {
 		for _, r := range replicas {
-			r.close()
+			r.Close()
 		}
 	}()
 	var addrs []netip.AddrPort
 	upstream := map[uint16]int{} // a replica's upstream port → the replica
 	for i := range numReplicas {
-		cfg := &proxyconfig.Config{Seed: seed, Services: []proxyconfig.Service{{
-			Name:     service,
-			Protocol: cidroute.DTLS,
-			Listen:   netip.MustParseAddrPort("127.0.0.1:0"), // each replica gets its own port
-			Public:   Public,
-			CIDLen:   cidroute.DefaultDTLSCIDLen,
-			Workers:  1,
-			Backends: h.backends(i, list),
-		}}}
-		r, err := newReplica(cfg, log)
+		r, err := cidroutetest.New(seed, svc, h.backends(i, list)...)
 		if err != nil {
 			return fmt.Errorf("replica: %w", err)
 		}
 		replicas = append(replicas, r)
-		a, _ := r.pipe.Addr(service)
-		addrs = append(addrs, a)
-		ups, _ := r.pipe.UpstreamAddrs(service)
+		addrs = append(addrs, r.Addr)
+		ups, _ := r.UpstreamAddrs(service)
 		for _, up := range ups {
 			upstream[up.Port()] = i
 		}
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for _, r := range replicas {
-		wg.Go(func() {
-			if err := r.pipe.Run(runCtx); err != nil {
-				log.Error("replica stopped", "err", err)
-			}
-		})
-	}
-	defer func() { stop(); wg.Wait() }()
 
 	fmt.Fprintf(out, "cidroute demo: DTLS service %q at public address %v, served by proxy replicas A (%v) and B (%v)\n",
 		service, Public, addrs[0], addrs[1])
@@ -163,57 +151,24 @@ func run(ctx context.Context, out io.Writer, log *slog.Logger, d time.Duration, 
 	if ctx.Err() != nil {
 		return errors.New("interrupted")
 	}
-	stop()
-	wg.Wait()
-	return report(out, tr, backends, replicas, upstream, cs, agree == total)
-}
-
-// A replica is one proxy: the registries proxyconfig builds from the
-// configuration and the Pipeline that serves them, as cidproxy runs them.
-type replica struct {
-	pipe   *cidroute.Pipeline
-	regs   *proxyconfig.Registries
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func newReplica(cfg *proxyconfig.Config, log *slog.Logger) (*replica, error) {
-	regs, err := cfg.Build(proxyconfig.Options{Logger: log})
-	if err != nil {
-		return nil, err
+	var stopped []error
+	for _, r := range replicas {
+		stopped = append(stopped, r.Close()) // so that their counters are final
 	}
-	pipe, err := cidroute.New(cidroute.Config{Services: regs.Services(), Logger: log})
-	if err != nil {
-		regs.Close()
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &replica{pipe: pipe, regs: regs, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(r.done)
-		regs.Run(ctx)
-	}()
-	return r, nil
-}
-
-func (r *replica) close() {
-	r.pipe.Close()
-	r.cancel()
-	<-r.done
-	r.regs.Close()
+	return report(out, tr, backends, replicas, stopped, upstream, cs, agree == total)
 }
 
 // replicasAgree runs the pure routing step of both replicas on the same
 // ClientHello from many client addresses and counts identical choices.
-func replicasAgree(rs []*replica) (agree, total int) {
+func replicasAgree(rs []*cidroutetest.Proxy) (agree, total int) {
 	hello, err := dtls.AppendRecord(nil, dtls.Record{Type: dtls.Handshake,
 		Fragment: dtls.AppendHandshake(nil, dtls.HandshakeClientHello, 0, []byte("agree"))})
 	if err != nil {
 		panic(err) // a fixed, valid record
 	}
 	var hdr [64]byte
-	r0, _ := rs[0].pipe.Router(service)
-	r1, _ := rs[1].pipe.Router(service)
+	r0, _ := rs[0].Router(service)
+	r1, _ := rs[1].Router(service)
 	v0, v1 := r0.View(nil), r1.View(nil)
 	for i := range 1000 {
 		client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 7}), uint16(40000+i))
@@ -399,7 +354,7 @@ func (t *tracker) observe(ord uint8, m Message) {
 // each on what the table shows: the backend the CID names answered every
 // message, through every socket and both replicas the client used, in one
 // session. None depends on which source ports the kernel hands out.
-func report(out io.Writer, tr *tracker, backends []Backend, replicas []*replica, upstream map[uint16]int, cs []*client, agreed bool) error {
+func report(out io.Writer, tr *tracker, backends []Backend, replicas []*cidroutetest.Proxy, stopped []error, upstream map[uint16]int, cs []*client, agreed bool) error {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	var fails []string
@@ -435,7 +390,10 @@ func report(out io.Writer, tr *tracker, backends []Backend, replicas []*replica,
 
 	fmt.Fprintln(w, "\nreplica\tforward: received\tforwarded\tdropped\treverse: received\tforwarded\tdropped")
 	for i, r := range replicas {
-		for _, s := range r.pipe.Stats() {
+		if stopped[i] != nil {
+			failf("replica %s stopped with an error: %v", name(i), stopped[i])
+		}
+		for _, s := range r.Stats() {
 			f, v := s.Forward, s.Reverse
 			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\t%s\n", name(i), f.Received, f.Forwarded, drops(&f), v.Received, v.Forwarded, drops(&v))
 			if !f.Balanced() || !v.Balanced() {
