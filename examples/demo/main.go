@@ -1,13 +1,15 @@
 // Command demo shows cidroute on loopback in a few seconds: two proxy
-// replicas built from one configuration, three pion/dtls v3 backends, and
+// replicas of one service, three echo backends behind the PPv2 adapter, and
 // clients with connection IDs that rebind like a NAT and switch replicas.
 // It exits 0 only if every message was answered by the backend its
 // session's CID names.
 //
 //	go run ./examples/demo [-duration 3s]
 //
-// It builds only the core, pion/dtls and the pion adapter, so a first run
-// from an empty build cache is quick; `cidproxy -demo` runs the same code.
+// Its sessions are unencrypted DTLS 1.2 records with connection IDs (the
+// proxies read only record headers), so it builds only the core module and
+// a first run from an empty build cache is quick; `cidproxy -demo` runs the
+// same demo with pion/dtls v3 handshakes and encryption.
 package main
 
 import (
