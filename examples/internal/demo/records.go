@@ -13,6 +13,7 @@ import (
 	"github.com/cidroute/cidroute"
 	"github.com/cidroute/cidroute/cidroutetest"
 	"github.com/cidroute/cidroute/dtls"
+	"github.com/cidroute/cidroute/internal/echobase"
 	"github.com/cidroute/cidroute/ppv2/backend"
 )
 
@@ -48,8 +49,7 @@ type recordServer struct {
 
 	mu        sync.Mutex
 	byCID     map[string]*Session
-	byHello   map[string]*Session // a resent ClientHello gets the same session
-	cids      map[uint64][]byte
+	byHello   map[string][]byte // a resent ClientHello gets the same session's CID
 	sessions  map[uint64]*Session
 	next      uint64
 	noSession uint64
@@ -61,11 +61,7 @@ func listenRecords(cfg BackendConfig) (Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	uc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		return nil, err
-	}
-	bc, err := backend.New(uc, backend.Config{
+	bc, err := echobase.Listen(netip.AddrPort{}, backend.Config{
 		TrustedProxies: cfg.TrustedProxies,
 		Direct:         backend.DirectNoHandshake, // no client around the proxies
 		Logger:         cfg.Logger,
@@ -73,30 +69,22 @@ func listenRecords(cfg BackendConfig) (Backend, error) {
 		CIDLen:         cidLen,
 	})
 	if err != nil {
-		uc.Close()
 		return nil, err
 	}
 	s := &recordServer{cfg: cfg, bc: bc, gen: gen, done: make(chan struct{}),
-		byCID: map[string]*Session{}, byHello: map[string]*Session{}, cids: map[uint64][]byte{}, sessions: map[uint64]*Session{}}
+		byCID: map[string]*Session{}, byHello: map[string][]byte{}, sessions: map[uint64]*Session{}}
 	go s.serve()
 	return s, nil
 }
 
 func (s *recordServer) Ordinal() uint8 { return s.cfg.Ordinal }
 
-func (s *recordServer) Addr() netip.AddrPort {
-	a := s.bc.LocalAddr().(*net.UDPAddr).AddrPort()
-	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
-}
+func (s *recordServer) Addr() netip.AddrPort { return echobase.Addr(s.bc) }
 
 func (s *recordServer) Report() BackendReport {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := BackendReport{Adapter: s.bc.Stats(), NoSession: s.noSession}
-	for id := uint64(1); id <= s.next; id++ {
-		r.Sessions = append(r.Sessions, *s.sessions[id])
-	}
-	return r
+	return BackendReport{Adapter: s.bc.Stats(), NoSession: s.noSession, Sessions: echobase.InOrder(s.sessions, s.next)}
 }
 
 func (s *recordServer) Close() error {
@@ -155,13 +143,13 @@ func (s *recordServer) serve() {
 func (s *recordServer) hello(body string, from backend.Addr) []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ss := s.byHello[body]; ss != nil {
-		return s.cids[ss.ID]
+	if cid := s.byHello[body]; cid != nil {
+		return cid
 	}
 	s.next++
 	ss := &Session{ID: s.next, First: from, Last: from}
 	cid := s.gen()
-	s.sessions[ss.ID], s.byHello[body], s.byCID[string(cid)], s.cids[ss.ID] = ss, ss, ss, cid
+	s.sessions[ss.ID], s.byHello[body], s.byCID[string(cid)] = ss, cid, ss
 	return cid
 }
 
