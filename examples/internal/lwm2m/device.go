@@ -20,6 +20,8 @@ import (
 	"github.com/plgd-dev/go-coap/v3/pkg/runner/periodic"
 	"github.com/plgd-dev/go-coap/v3/udp"
 	udpClient "github.com/plgd-dev/go-coap/v3/udp/client"
+
+	"github.com/cidroute/cidroute/dtls/piondtls/dtlsecho"
 )
 
 // Errors of a Device's exchanges; test with errors.Is.
@@ -142,6 +144,15 @@ func (d *Device) Register(ctx context.Context) error {
 // Update sends POST /rd/<id> (2.04); ErrNotFound when the server no longer
 // has the registration.
 func (d *Device) Update(ctx context.Context) error {
+	return d.atLocation(ctx, "update", codes.Changed, func(ctx context.Context, loc string) (*pool.Message, error) {
+		return d.cc.Post(ctx, loc, message.TextPlain, nil)
+	})
+}
+
+// atLocation sends the request do makes to the registration's location
+// and maps the answer: want is success, 4.04 ErrNotFound (as is having no
+// location), anything else ErrRejected.
+func (d *Device) atLocation(ctx context.Context, what string, want codes.Code, do func(context.Context, string) (*pool.Message, error)) error {
 	d.mu.Lock()
 	loc := d.loc
 	d.mu.Unlock()
@@ -150,18 +161,18 @@ func (d *Device) Update(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.span)
 	defer cancel()
-	resp, err := d.cc.Post(ctx, loc, message.TextPlain, nil)
+	resp, err := do(ctx, loc)
 	if err != nil {
 		return err
 	}
 	defer d.cc.ReleaseMessage(resp)
 	switch resp.Code() {
-	case codes.Changed:
+	case want:
 		return nil
 	case codes.NotFound:
 		return ErrNotFound
 	}
-	return fmt.Errorf("update: %v: %w", resp.Code(), ErrRejected)
+	return fmt.Errorf("%s: %v: %w", what, resp.Code(), ErrRejected)
 }
 
 // Notify sends the observed resource's next value as a confirmable
@@ -210,38 +221,16 @@ func (d *Device) handle(w *rw, r *pool.Message) {
 
 // ClientConfig is the pion configuration of a device of a Server: PSK
 // with identity, and connection ID support (sending the server's CIDs,
-// asking for none), as RFC 9146 devices behind NAT use it.
+// asking for none), as RFC 9146 devices behind NAT use it; the same as a
+// dtlsecho client's.
 func ClientConfig(psk []byte, identity string) *pion.Config {
-	return &pion.Config{
-		PSK:                   func([]byte) ([]byte, error) { return psk, nil },
-		PSKIdentityHint:       []byte(identity),
-		CipherSuites:          []pion.CipherSuiteID{pion.TLS_PSK_WITH_AES_128_CCM_8},
-		ConnectionIDGenerator: pion.OnlySendCIDGenerator(),
-		ExtendedMasterSecret:  pion.RequestExtendedMasterSecret,
-	}
+	return dtlsecho.PSKClientConfig(psk, identity)
 }
 
 // Deregister sends DELETE /rd/<id> (2.02). The location is kept, so that
 // a later Update is answered 4.04.
 func (d *Device) Deregister(ctx context.Context) error {
-	d.mu.Lock()
-	loc := d.loc
-	d.mu.Unlock()
-	if loc == "" {
-		return ErrNotFound
-	}
-	ctx, cancel := context.WithTimeout(ctx, d.span)
-	defer cancel()
-	resp, err := d.cc.Delete(ctx, loc)
-	if err != nil {
-		return err
-	}
-	defer d.cc.ReleaseMessage(resp)
-	switch resp.Code() {
-	case codes.Deleted:
-		return nil
-	case codes.NotFound:
-		return ErrNotFound
-	}
-	return fmt.Errorf("deregister: %v: %w", resp.Code(), ErrRejected)
+	return d.atLocation(ctx, "deregister", codes.Deleted, func(ctx context.Context, loc string) (*pool.Message, error) {
+		return d.cc.Delete(ctx, loc)
+	})
 }
