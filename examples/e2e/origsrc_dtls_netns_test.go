@@ -110,12 +110,7 @@ func TestOrigSrcPion(t *testing.T) {
 				srvs = append(srvs, s)
 				bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: s.addr, State: registry.Ready})
 			}
-			pub := netip.AddrPortFrom(f.proxy, 5684)
-			a, err := startOrigProxy(t, "A", pub, pub, bs)
-			require.NoError(t, err)
-			b, err := startOrigProxy(t, "B", netip.AddrPortFrom(f.proxy, 5685), pub, bs)
-			require.NoError(t, err)
-			rs := []*replica{a, b}
+			pub, rs := startOrigPair(t, f, bs)
 
 			// At least 12 clients, and more until HRW has given each backend
 			// a session (12 land on one backend by chance 2 in 4096 runs,

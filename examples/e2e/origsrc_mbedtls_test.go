@@ -148,12 +148,7 @@ func TestOrigSrcMbedTLS(t *testing.T) {
 				srvs = append(srvs, s)
 				bs = append(bs, registry.Backend{Ordinal: uint8(i), Addr: s.addr, State: registry.Ready})
 			}
-			pub := netip.AddrPortFrom(f.proxy, 5684)
-			a, err := startOrigProxy(t, "A", pub, pub, bs)
-			require.NoError(t, err)
-			b, err := startOrigProxy(t, "B", netip.AddrPortFrom(f.proxy, 5685), pub, bs)
-			require.NoError(t, err)
-			rs := []*replica{a, b}
+			_, rs := startOrigPair(t, f, bs)
 
 			// Clients until each backend owns at least one session.
 			var cs []*origMbedTLSClient

@@ -189,6 +189,20 @@ func (p *peerLog) peers() []netip.AddrPort {
 	return out
 }
 
+// startOrigPair starts replicas A and B of f's proxy in front of bs, on
+// ports 5684 and 5685 of the proxy's address; both give the first as the
+// public address, which clients send to.
+func startOrigPair(t *testing.T, f origFamily, bs []registry.Backend) (pub netip.AddrPort, rs []*replica) {
+	t.Helper()
+	pub = netip.AddrPortFrom(f.proxy, 5684)
+	for i, listen := range []netip.AddrPort{pub, netip.AddrPortFrom(f.proxy, 5685)} {
+		r, err := startOrigProxy(t, string(rune('A'+i)), listen, pub, bs)
+		require.NoError(t, err)
+		rs = append(rs, r)
+	}
+	return pub, rs
+}
+
 // startOrigProxy runs a replica of one DTLS service in original-source
 // mode on listen (with public as its public address; zero: listen), in
 // the process's namespace, in front of bs; mod adjusts the service.
