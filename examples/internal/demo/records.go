@@ -97,6 +97,7 @@ func (s *recordServer) serve() {
 	defer close(s.done)
 	buf := make([]byte, 2048)
 	out := make([]byte, 0, 2048)
+	var echo []byte
 	for {
 		n, from, err := s.bc.ReadFromAddr(buf)
 		if err != nil {
@@ -127,8 +128,8 @@ func (s *recordServer) serve() {
 			if s.cfg.Observe != nil {
 				s.cfg.Observe(Message{Session: id, Data: rec.Fragment})
 			}
-			reply = s.record(out, dtls.Record{Type: dtls.ApplicationData, Epoch: 1,
-				Fragment: append([]byte(s.cfg.Prefix), rec.Fragment...)})
+			echo = append(append(echo[:0], s.cfg.Prefix...), rec.Fragment...)
+			reply = s.record(out, dtls.Record{Type: dtls.ApplicationData, Epoch: 1, Fragment: echo})
 		default:
 			s.cfg.Logger.Warn("unexpected record", "ordinal", s.cfg.Ordinal, "type", rec.Type, "client", from.Client)
 			continue
